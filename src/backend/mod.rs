@@ -1,0 +1,155 @@
+//! One interface, several implementations: the launch path asks a backend what it can do and
+//! hands it the work; it never branches on the vendor.
+
+pub mod cpu;
+pub mod gpu;
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::moe::{MoeConfig, MoeLaunch};
+use crate::tensor::DeviceKind;
+use crate::types::BackendKind;
+
+/// What a backend can run, as bit masks of the ABI enums (bit `1 << value`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Caps {
+    pub backend: Option<BackendKind>,
+    pub arch: String,
+    pub runtime_version: String,
+    pub weight_formats: u32,
+    pub act_dtypes: u32,
+    pub gate_modes: u32,
+    pub activations: u32,
+    pub weight_layouts: u32,
+    pub scale_layouts: u32,
+    pub features: u32,
+}
+
+pub trait Backend: Send + Sync {
+    fn kind(&self) -> BackendKind;
+    fn caps(&self) -> Caps;
+
+    /// Can this backend run exactly this configuration? UNSUPPORTED says why not.
+    fn check(&self, config: &MoeConfig) -> Result<()> {
+        check_against_caps(&self.caps(), config)
+    }
+
+    /// Scratch bytes a launch needs.
+    fn workspace_size(&self, launch: &MoeLaunch) -> Result<usize> {
+        self.check(&launch.config)?;
+        Ok(0)
+    }
+
+    fn fused_moe(&self, launch: &MoeLaunch) -> Result<()> {
+        self.check(&launch.config)?;
+        Err(Error::unsupported(format!(
+            "fused_moe is not implemented by the {} backend yet",
+            self.kind().label()
+        )))
+    }
+}
+
+/// The backend that serves memory of `device` (host memory runs on the CPU backend).
+pub fn for_device(device: DeviceKind, device_id: i32) -> Result<Arc<dyn Backend>> {
+    match device {
+        DeviceKind::Cpu | DeviceKind::CudaHost | DeviceKind::RocmHost => Ok(cpu::backend()),
+        DeviceKind::Cuda | DeviceKind::CudaManaged => gpu::backend(gpu::Vendor::Cuda, device_id),
+        DeviceKind::Rocm => gpu::backend(gpu::Vendor::Hip, device_id),
+    }
+}
+
+fn require(mask: u32, bit: u32, what: &str, label: &str, backend: &Caps) -> Result<()> {
+    if mask & bit == 0 {
+        return Err(Error::unsupported(format!(
+            "{what} {label} is not supported by the {} backend ({})",
+            backend.backend.map(|b| b.label()).unwrap_or("unknown"),
+            if backend.arch.is_empty() {
+                "no arch"
+            } else {
+                &backend.arch
+            }
+        )));
+    }
+    Ok(())
+}
+
+/// The generic answer from capability masks alone; backends with finer rules add to it.
+pub fn check_against_caps(caps: &Caps, c: &MoeConfig) -> Result<()> {
+    let l = &c.layout;
+    require(
+        caps.weight_formats,
+        l.weight_format.bit(),
+        "weight_format",
+        l.weight_format.label(),
+        caps,
+    )?;
+    require(
+        caps.gate_modes,
+        l.gate_mode.bit(),
+        "gate_mode",
+        l.gate_mode.label(),
+        caps,
+    )?;
+    require(
+        caps.weight_layouts,
+        l.weight_layout.bit(),
+        "weight_layout",
+        l.weight_layout.label(),
+        caps,
+    )?;
+    if let Some(s) = l.scale_layout {
+        require(caps.scale_layouts, s.bit(), "scale_layout", s.label(), caps)?;
+    }
+    require(
+        caps.activations,
+        c.activation.bit(),
+        "activation",
+        c.activation.label(),
+        caps,
+    )?;
+    require(
+        caps.act_dtypes,
+        c.act_dtype.bit(),
+        "act_dtype",
+        c.act_dtype.label(),
+        caps,
+    )?;
+    if !l.weight_format.allowed_act_dtypes().contains(&c.act_dtype) {
+        return Err(Error::unsupported(format!(
+            "act_dtype {} is not defined for weight_format {} (allowed: {})",
+            c.act_dtype.label(),
+            l.weight_format.label(),
+            l.weight_format
+                .allowed_act_dtypes()
+                .iter()
+                .map(|a| a.label())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    use crate::types::feature as f;
+    let wants = [
+        (l.has_bias, f::BIAS, "bias"),
+        (c.has_expert_mask, f::EXPERT_MASK, "expert_mask"),
+        (
+            c.has_num_local_tokens,
+            f::NUM_LOCAL_TOKENS,
+            "num_local_tokens",
+        ),
+        (
+            c.router_weight_on_input,
+            f::ROUTER_WEIGHT_ON_INPUT,
+            "ROUTER_WEIGHT_ON_INPUT",
+        ),
+    ];
+    for (wanted, bit, name) in wants {
+        if wanted && caps.features & bit == 0 {
+            return Err(Error::unsupported(format!(
+                "feature {name} is not supported by the {} backend",
+                caps.backend.map(|b| b.label()).unwrap_or("unknown")
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,185 @@
+//! The C surface: every `extern "C"` function of libmoeplug. Each one reads and validates its
+//! arguments (`args`), calls the safe core, and maps the result to a status (`panic::guard`).
+//! Nothing here computes.
+
+pub mod args;
+mod moe;
+pub mod panic;
+mod prep;
+pub mod types;
+
+use libc::c_char;
+
+use self::args::check_out_struct;
+use self::panic::{guard, guard_value, last_error_ptr, symver};
+use self::types::*;
+use crate::backend::{self, Caps};
+use crate::error::Status;
+use crate::tensor::DeviceKind;
+
+/// ABI major version: incompatible changes add a new symbol version node.
+pub(crate) const ABI_MAJOR: u32 = 1;
+/// ABI minor version: compatible additions.
+pub(crate) const ABI_MINOR: u32 = 0;
+
+pub(crate) fn status(s: Status) -> moeplug_status {
+    match s {
+        Status::Ok => moeplug_status::MoeplugOk,
+        Status::InvalidArgument => moeplug_status::MoeplugInvalidArgument,
+        Status::Unsupported => moeplug_status::MoeplugUnsupported,
+        Status::LayoutMismatch => moeplug_status::MoeplugLayoutMismatch,
+        Status::BackendUnavailable => moeplug_status::MoeplugBackendUnavailable,
+        Status::DeviceError => moeplug_status::MoeplugDeviceError,
+        Status::CompileError => moeplug_status::MoeplugCompileError,
+        Status::OutOfMemory => moeplug_status::MoeplugOutOfMemory,
+        Status::BufferTooSmall => moeplug_status::MoeplugBufferTooSmall,
+        Status::Internal => moeplug_status::MoeplugInternal,
+    }
+}
+
+/// The message of the last failed call on this thread, or "" if the last call succeeded.
+/// Valid until the next moeplug call on this thread; owned by the library, never NULL.
+#[no_mangle]
+pub extern "C" fn moeplug_last_error() -> *const c_char {
+    guard_value(c"".as_ptr(), last_error_ptr)
+}
+
+/// The name of a status code ("MOEPLUG_OK", "MOEPLUG_INVALID_ARGUMENT", ...), or "UNKNOWN".
+/// Static storage, never NULL, thread-safe; does not touch the last error.
+#[no_mangle]
+pub extern "C" fn moeplug_status_name(status: i32) -> *const c_char {
+    guard_value(c"UNKNOWN".as_ptr(), || match Status::from_code(status) {
+        Some(s) => status_name_c(s),
+        None => c"UNKNOWN".as_ptr(),
+    })
+}
+
+fn status_name_c(s: Status) -> *const c_char {
+    match s {
+        Status::Ok => c"MOEPLUG_OK".as_ptr(),
+        Status::InvalidArgument => c"MOEPLUG_INVALID_ARGUMENT".as_ptr(),
+        Status::Unsupported => c"MOEPLUG_UNSUPPORTED".as_ptr(),
+        Status::LayoutMismatch => c"MOEPLUG_LAYOUT_MISMATCH".as_ptr(),
+        Status::BackendUnavailable => c"MOEPLUG_BACKEND_UNAVAILABLE".as_ptr(),
+        Status::DeviceError => c"MOEPLUG_DEVICE_ERROR".as_ptr(),
+        Status::CompileError => c"MOEPLUG_COMPILE_ERROR".as_ptr(),
+        Status::OutOfMemory => c"MOEPLUG_OUT_OF_MEMORY".as_ptr(),
+        Status::BufferTooSmall => c"MOEPLUG_BUFFER_TOO_SMALL".as_ptr(),
+        Status::Internal => c"MOEPLUG_INTERNAL".as_ptr(),
+    }
+}
+
+/// `(major << 16) | minor` of the ABI this library implements (1.0 → 0x10000).
+#[no_mangle]
+pub extern "C" fn moeplug_abi_version() -> u32 {
+    (ABI_MAJOR << 16) | ABI_MINOR
+}
+
+/// "0.1.0 (...build info...)". Static storage, never NULL.
+#[no_mangle]
+pub extern "C" fn moeplug_version() -> *const c_char {
+    crate::VERSION_C.as_ptr()
+}
+
+/// Fill `out` with what the backend of `(device_type, device_id)` can run.
+/// `out->struct_size` must be set by the caller (>= sizeof(moeplug_caps)); written only on
+/// success. CPU (1) always answers; CUDA (2) / ROCm (10) answer BACKEND_UNAVAILABLE with the
+/// reason when the driver or runtime cannot be loaded. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn moeplug_get_caps(
+    device_type: i32,
+    device_id: i32,
+    out: *mut moeplug_caps,
+) -> moeplug_status {
+    status(guard("moeplug_get_caps", || {
+        check_out_struct(out, "out")?;
+        let device = DeviceKind::from_raw("device_type", device_type)?;
+        let caps = backend::for_device(device, device_id)?.caps();
+        write_caps(out, &caps, device_type, device_id);
+        Ok(())
+    }))
+}
+
+unsafe fn write_caps(out: *mut moeplug_caps, caps: &Caps, device_type: i32, device_id: i32) {
+    let mut c = moeplug_caps {
+        struct_size: std::ptr::read_unaligned(out as *const u32),
+        abi_version: moeplug_abi_version(),
+        device_type,
+        device_id,
+        backend: caps.backend.map(|b| b as i32).unwrap_or(0),
+        arch: [0; 32],
+        runtime_version: [0; 32],
+        weight_formats: caps.weight_formats,
+        act_dtypes: caps.act_dtypes,
+        gate_modes: caps.gate_modes,
+        activations: caps.activations,
+        weight_layouts: caps.weight_layouts,
+        scale_layouts: caps.scale_layouts,
+        features: caps.features,
+    };
+    copy_c_string(&mut c.arch, &caps.arch);
+    copy_c_string(&mut c.runtime_version, &caps.runtime_version);
+    std::ptr::write_unaligned(out, c);
+}
+
+fn copy_c_string(dst: &mut [c_char; 32], s: &str) {
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(31)) {
+        *d = b as c_char;
+    }
+}
+
+/// Can `(device_type, device_id)` run exactly this configuration? Tensors in `args` are
+/// optional here (only their presence matters: biases, expert_mask, num_local_tokens).
+/// OK, or UNSUPPORTED with the reason in `moeplug_last_error`; INVALID_ARGUMENT for a bad
+/// struct or enum value. Engines call this once at start-up.
+#[no_mangle]
+pub unsafe extern "C" fn moeplug_check_fused_moe(
+    device_type: i32,
+    device_id: i32,
+    args: *const moeplug_fused_moe_args,
+) -> moeplug_status {
+    status(guard("moeplug_check_fused_moe", || {
+        let device = DeviceKind::from_raw("device_type", device_type)?;
+        let config = moe::read_config(args)?;
+        backend::for_device(device, device_id)?.check(&config)
+    }))
+}
+
+/// Scratch bytes `moeplug_fused_moe` needs for these arguments (tensors required as for the
+/// launch, `workspace` ignored). Written to `*bytes` on success.
+#[no_mangle]
+pub unsafe extern "C" fn moeplug_fused_moe_workspace_size(
+    args: *const moeplug_fused_moe_args,
+    bytes: *mut usize,
+) -> moeplug_status {
+    status(guard("moeplug_fused_moe_workspace_size", || {
+        args::non_null(bytes as *const usize, "bytes")?;
+        let launch = moe::read_launch(args)?;
+        let n = moe::backend_of(&launch)?.workspace_size(&launch)?;
+        std::ptr::write_unaligned(bytes, n);
+        Ok(())
+    }))
+}
+
+/// Run fused MoE: `output = Σ_s w[t,s] · act(x_t W13[e]ᵀ + b13) W2[e]ᵀ + b2` (API.md §6),
+/// on the backend of the tensors' device, asynchronously on `args->stream` for GPU memory,
+/// synchronously for host memory. Never allocates device memory, never synchronizes.
+/// The layout record is checked against the tensors: a disagreement is LAYOUT_MISMATCH.
+#[no_mangle]
+pub unsafe extern "C" fn moeplug_fused_moe(args: *const moeplug_fused_moe_args) -> moeplug_status {
+    status(guard("moeplug_fused_moe", || {
+        let launch = moe::read_launch(args)?;
+        moe::backend_of(&launch)?.fused_moe(&launch)
+    }))
+}
+
+symver!(
+    moeplug_last_error,
+    moeplug_status_name,
+    moeplug_abi_version,
+    moeplug_version,
+    moeplug_get_caps,
+    moeplug_check_fused_moe,
+    moeplug_fused_moe_workspace_size,
+    moeplug_fused_moe,
+);

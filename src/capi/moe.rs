@@ -1,0 +1,163 @@
+//! Reading `moeplug_fused_moe_args` into the core's `MoeConfig` / `MoeLaunch`.
+
+use std::sync::Arc;
+
+use super::args::{enum_or, optional_tensor, read_struct, tensor};
+use super::types::{moeplug_fused_moe_args, moeplug_layout};
+use crate::backend::{self, Backend};
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::moe::{MoeConfig, MoeLaunch};
+use crate::tensor::ElemType;
+use crate::types::{ActDtype, Activation};
+
+/// `moeplug_fused_moe_args.flags` bit.
+pub(crate) const FLAG_ROUTER_WEIGHT_ON_INPUT: u32 = 1 << 3;
+
+/// # Safety
+/// `ptr` is NULL or a readable `moeplug_layout` of `struct_size` bytes.
+pub unsafe fn read_layout(ptr: *const moeplug_layout, name: &str) -> Result<Layout> {
+    let l = read_struct(ptr, name)?;
+    Layout::new(
+        l.weight_format,
+        l.gate_mode,
+        l.weight_layout,
+        l.scale_layout,
+        l.num_experts as i64,
+        [
+            l.hidden_size,
+            l.intermediate_size,
+            l.hidden_padded,
+            l.intermediate_padded,
+        ],
+        l.flags,
+    )
+}
+
+fn resolve_config(
+    a: &moeplug_fused_moe_args,
+    layout: Layout,
+    input_is_fp16: bool,
+    has: [bool; 2],
+) -> Result<MoeConfig> {
+    let activation = enum_or(a.activation, Activation::Silu, |v| {
+        Activation::from_raw("activation", v)
+    })?;
+    let act_dtype = enum_or(
+        a.act_dtype,
+        ActDtype::default_for(layout.weight_format, input_is_fp16),
+        |v| ActDtype::from_raw("act_dtype", v),
+    )?;
+    if !a.alpha.is_finite() || !a.limit.is_finite() || a.limit < 0.0 {
+        return Err(Error::invalid(format!(
+            "alpha/limit: expected finite values with limit >= 0, got alpha {} limit {}",
+            a.alpha, a.limit
+        )));
+    }
+    let unknown = a.flags & !FLAG_ROUTER_WEIGHT_ON_INPUT;
+    if unknown != 0 {
+        return Err(Error::unsupported(format!(
+            "flags: unknown bits {unknown:#x}"
+        )));
+    }
+    Ok(MoeConfig {
+        layout,
+        activation,
+        alpha: activation.resolve_alpha(a.alpha),
+        limit: activation.resolve_limit(a.limit),
+        act_dtype,
+        router_weight_on_input: a.flags & FLAG_ROUTER_WEIGHT_ON_INPUT != 0,
+        has_expert_mask: has[0],
+        has_num_local_tokens: has[1],
+    })
+}
+
+/// The configuration alone (for `moeplug_check_fused_moe`): tensors may be NULL.
+///
+/// # Safety
+/// `ptr` is NULL or a readable `moeplug_fused_moe_args` of `struct_size` bytes whose non-NULL
+/// pointers are valid.
+pub unsafe fn read_config(ptr: *const moeplug_fused_moe_args) -> Result<MoeConfig> {
+    let a = read_struct(ptr, "args")?;
+    let layout = read_layout(a.layout, "args.layout")?;
+    let hidden = optional_tensor(a.hidden_states, "hidden_states")?;
+    let fp16 = hidden.map(|h| h.elem == ElemType::F16).unwrap_or(false);
+    resolve_config(
+        &a,
+        layout,
+        fp16,
+        [!a.expert_mask.is_null(), !a.num_local_tokens.is_null()],
+    )
+}
+
+/// Configuration and tensors of a launch (the workspace query reads the same).
+///
+/// # Safety
+/// As [`read_config`].
+pub unsafe fn read_launch(ptr: *const moeplug_fused_moe_args) -> Result<MoeLaunch> {
+    let a = read_struct(ptr, "args")?;
+    let layout = read_layout(a.layout, "args.layout")?;
+    let hidden_states = tensor(a.hidden_states, "hidden_states")?;
+    let expert_mask = optional_tensor(a.expert_mask, "expert_mask")?;
+    let num_local_tokens = optional_tensor(a.num_local_tokens, "num_local_tokens")?;
+    let config = resolve_config(
+        &a,
+        layout,
+        hidden_states.elem == ElemType::F16,
+        [expert_mask.is_some(), num_local_tokens.is_some()],
+    )?;
+    let workspace = optional_tensor(a.workspace, "workspace")?;
+    Ok(MoeLaunch {
+        config,
+        hidden_states,
+        hidden_scale: optional_tensor(a.hidden_scale, "hidden_scale")?,
+        w13: tensor(a.w13, "w13")?,
+        w13_scale: optional_tensor(a.w13_scale, "w13_scale")?,
+        w13_bias: optional_tensor(a.w13_bias, "w13_bias")?,
+        w2: tensor(a.w2, "w2")?,
+        w2_scale: optional_tensor(a.w2_scale, "w2_scale")?,
+        w2_bias: optional_tensor(a.w2_bias, "w2_bias")?,
+        topk_weights: tensor(a.topk_weights, "topk_weights")?,
+        topk_ids: tensor(a.topk_ids, "topk_ids")?,
+        expert_mask,
+        num_local_tokens,
+        output: tensor(a.output, "output")?,
+        workspace,
+        stream: a.stream as usize,
+    })
+}
+
+/// The backend that owns the launch's memory: all tensors must live on one device.
+pub fn backend_of(launch: &MoeLaunch) -> Result<Arc<dyn Backend>> {
+    let dev = (launch.hidden_states.device, launch.hidden_states.device_id);
+    let all = [
+        Some(&launch.w13),
+        Some(&launch.w2),
+        Some(&launch.topk_ids),
+        Some(&launch.topk_weights),
+        Some(&launch.output),
+        launch.hidden_scale.as_ref(),
+        launch.w13_scale.as_ref(),
+        launch.w2_scale.as_ref(),
+        launch.w13_bias.as_ref(),
+        launch.w2_bias.as_ref(),
+        launch.expert_mask.as_ref(),
+        launch.num_local_tokens.as_ref(),
+        launch.workspace.as_ref(),
+    ];
+    for t in all.into_iter().flatten() {
+        if t.device.is_host() != dev.0.is_host()
+            || (!dev.0.is_host() && (t.device, t.device_id) != dev)
+        {
+            return Err(Error::invalid(format!(
+                "{}: on device {}:{}, but hidden_states is on {}:{} (all tensors of a launch share one device)",
+                t.name,
+                t.device.name(),
+                t.device_id,
+                dev.0.name(),
+                dev.1
+            )));
+        }
+    }
+    backend::for_device(dev.0, dev.1)
+}

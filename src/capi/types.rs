@@ -1,0 +1,461 @@
+//! Every type of the C ABI. Field order and enum values are fixed once released: add at the
+//! end, never reorder or renumber. Enum-typed fields are `int32_t` so that any value a caller
+//! passes is representable; the library validates them.
+#![allow(non_camel_case_types)]
+
+use libc::{c_char, c_void};
+
+/// Status of every call; 0 is success. Values never change.
+/// cbindgen:prefix-with-name=false
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum moeplug_status {
+    MoeplugOk = 0,
+    /// An argument is NULL, out of range, of the wrong shape or dtype; the message names it.
+    MoeplugInvalidArgument = 1,
+    /// Valid, but this build or backend does not do it (the message says what and why).
+    MoeplugUnsupported = 2,
+    /// The weights and the layout record, or the record and the kernel, disagree.
+    MoeplugLayoutMismatch = 3,
+    /// The device's driver or runtime could not be loaded or used.
+    MoeplugBackendUnavailable = 4,
+    /// A driver call failed.
+    MoeplugDeviceError = 5,
+    /// A kernel failed to compile at run time.
+    MoeplugCompileError = 6,
+    MoeplugOutOfMemory = 7,
+    /// A caller-provided buffer (e.g. the workspace) is smaller than required.
+    MoeplugBufferTooSmall = 8,
+    /// A bug in moeplug (a caught panic); please report it with the message.
+    MoeplugInternal = 9,
+}
+
+/// DLPack device types (`DLDeviceType`).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_device_type {
+    Cpu = 1,
+    Cuda = 2,
+    CudaHost = 3,
+    Rocm = 10,
+    RocmHost = 11,
+    CudaManaged = 13,
+}
+
+/// DLPack dtype codes (`DLDataTypeCode`) that moeplug reads.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_dtype_code {
+    Int = 0,
+    Uint = 1,
+    Float = 2,
+    Bfloat = 4,
+    Float8E4m3fn = 10,
+    Float8E4m3fnuz = 11,
+    Float8E8m0fnu = 14,
+    Float4E2m1fn = 17,
+}
+
+/// How MoE weights are stored.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_weight_format {
+    Default = 0,
+    Bf16 = 1,
+    Fp16 = 2,
+    /// fp8 weights with one fp32 scale per expert (`[E]` or `[E, 1]`).
+    Fp8PerTensor = 3,
+    /// fp8 weights with one fp32 scale per output row (`[E, N]` or `[E, N, 1]`).
+    Fp8PerChannel = 4,
+    /// fp8 weights with fp32 scales per 128x128 block (`[E, N/128, K/128]`).
+    Fp8Block128 = 5,
+    /// packed e2m1 with e8m0 scales per 1x32 along K.
+    Mxfp4 = 6,
+    /// fp8 (e4m3fn or e4m3fnuz) with e8m0 scales per 1x32 along K.
+    Mxfp8 = 7,
+}
+
+/// Activation dtype the GEMMs consume (AITER's quant_dtype_a). DEFAULT is fixed per weight
+/// format: BF16/FP16 weights -> the input's; FP8_BLOCK128 -> FP8_BLOCK128; other FP8 ->
+/// FP8_PER_TOKEN; MXFP4 -> BF16 (a16w4); MXFP8 -> MXFP8. Never chosen from M or environment.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_act_dtype {
+    Default = 0,
+    Bf16 = 1,
+    Fp16 = 2,
+    Fp8PerToken = 3,
+    Fp8PerTensor = 4,
+    /// fp8 with one scale per 1x128 group of K.
+    Fp8Block128 = 5,
+    Mxfp4 = 6,
+    Mxfp8 = 7,
+}
+
+/// Row order of `w13`.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_gate_mode {
+    Default = 0,
+    /// All gate rows, then all up rows (GGUU).
+    Separated = 1,
+    /// 16-row blocks g,u,g,u (AITER's INTERLEAVE).
+    Interleave = 2,
+    /// Row by row g0,u0,g1,u1 (gpt-oss checkpoints, triton_kernels).
+    InterleaveRows = 3,
+}
+
+/// The gated activation. `alpha` 0 -> 1.702; `limit` 0 -> none for SILU/GELU, 7.0 for SWIGLU_OAI.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_activation {
+    Default = 0,
+    /// silu(g) * u (with limit L: g = min(g, L), u = clamp(u, -L, L) first).
+    Silu = 1,
+    /// exact erf gelu(g) * u.
+    Gelu = 2,
+    /// g' = min(g, L), u' = clamp(u, -L, L), g' * sigmoid(alpha * g') * (u' + 1).
+    SwigluOai = 3,
+}
+
+/// Physical order of weight bytes.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_weight_layout {
+    Default = 0,
+    /// Row-major `[E, N, K]`.
+    Plain = 1,
+    /// AITER `shuffle_weight` layout (16, 16).
+    Aiter16x16 = 2,
+}
+
+/// Physical order of MX block-scale bytes.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_scale_layout {
+    Default = 0,
+    /// Row-major `[E*N, K/32]`.
+    Plain = 1,
+    /// AITER `e8m0_shuffle` / `shuffle_scale` (32x8 blocks).
+    AiterE8m0 = 2,
+    /// triton_kernels CDNA4 MX scale layout.
+    Cdna4Swizzle = 3,
+}
+
+/// Backend family in `moeplug_caps.backend`.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_backend {
+    None = 0,
+    Cpu = 1,
+    Cuda = 2,
+    Hip = 3,
+}
+
+/// e8m0 scale rounding of MX quantization (AITER MxScaleRoundMode + 1). DEFAULT = UP.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_round_mode {
+    Default = 0,
+    Down = 1,
+    Up = 2,
+    Even = 3,
+    Ceil = 4,
+}
+
+/// Bits of `moeplug_caps.features`.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_feature {
+    Bias = 1 << 0,
+    ExpertMask = 1 << 1,
+    NumLocalTokens = 1 << 2,
+    RouterWeightOnInput = 1 << 3,
+    GraphCapture = 1 << 4,
+    DevicePrep = 1 << 5,
+}
+
+/// Bits of `moeplug_layout.flags`.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_layout_flag {
+    /// The prepared weights come with fp32 biases.
+    HasBias = 1 << 0,
+}
+
+/// Bits of `moeplug_fused_moe_args.flags`.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_moe_flag {
+    /// Multiply the routing weight into the stage-1 output (before bias and activation);
+    /// stage 2 then sums unweighted (AITER doweight_stage1).
+    RouterWeightOnInput = 1 << 3,
+}
+
+/// DLPack `DLDevice`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_device {
+    /// A `moeplug_device_type` value.
+    pub device_type: i32,
+    pub device_id: i32,
+}
+
+/// DLPack `DLDataType`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_dtype {
+    /// A `moeplug_dtype_code` value.
+    pub code: u8,
+    pub bits: u8,
+    pub lanes: u16,
+}
+
+/// Byte for byte DLPack's `DLTensor`, so a `DLTensor*` may be passed as is. Borrowed for the
+/// call. `strides == NULL` means compact row-major; other strides must equal compact ones.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_tensor {
+    pub data: *mut c_void,
+    pub device: moeplug_device,
+    pub ndim: i32,
+    pub dtype: moeplug_dtype,
+    pub shape: *const i64,
+    pub strides: *const i64,
+    pub byte_offset: u64,
+}
+
+/// The layout record: what preparation produced and what the launch checks. Plain data, safe
+/// to store next to cached weights. Written by `moeplug_prepare_moe`; engines that prepare
+/// with the primitives fill it themselves. Pads are derived from the sizes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_layout {
+    pub struct_size: u32,
+    /// A `moeplug_weight_format` value.
+    pub weight_format: i32,
+    /// A `moeplug_gate_mode` value: the row order of the prepared `w13`.
+    pub gate_mode: i32,
+    /// A `moeplug_weight_layout` value.
+    pub weight_layout: i32,
+    /// A `moeplug_scale_layout` value (MX formats; 0 otherwise).
+    pub scale_layout: i32,
+    /// Experts held by the weights (local experts under expert parallelism).
+    pub num_experts: i32,
+    /// Logical hidden size H.
+    pub hidden_size: i64,
+    /// Logical intermediate size I (per half of w13).
+    pub intermediate_size: i64,
+    /// Physical hidden size (>= H; the tail is zero).
+    pub hidden_padded: i64,
+    /// Physical intermediate size per half (>= I; the tail is zero).
+    pub intermediate_padded: i64,
+    /// `moeplug_layout_flag` bits.
+    pub flags: u32,
+}
+
+/// What a device can do. The caller sets `struct_size`; the library fills the rest.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_caps {
+    pub struct_size: u32,
+    pub abi_version: u32,
+    pub device_type: i32,
+    pub device_id: i32,
+    /// A `moeplug_backend` value.
+    pub backend: i32,
+    /// "sm_90", "gfx942", "x86_64", NUL-terminated.
+    pub arch: [c_char; 32],
+    /// Driver / runtime version, NUL-terminated.
+    pub runtime_version: [c_char; 32],
+    /// Bit `1 << v` for each supported `moeplug_weight_format` value v.
+    pub weight_formats: u32,
+    /// Bit `1 << v` for each supported `moeplug_act_dtype` value v.
+    pub act_dtypes: u32,
+    pub gate_modes: u32,
+    pub activations: u32,
+    pub weight_layouts: u32,
+    pub scale_layouts: u32,
+    /// `moeplug_feature` bits.
+    pub features: u32,
+}
+
+/// AITER `shuffle_weight`: `src`, `dst` `[..., N, K]` (K in storage elements: bytes for fp4x2).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_shuffle_weight_args {
+    pub struct_size: u32,
+    pub src: *const moeplug_tensor,
+    pub dst: *const moeplug_tensor,
+    /// Tile rows (0 -> 16).
+    pub layout_n: i32,
+    /// Tile K parameter (0 -> 16).
+    pub layout_k: i32,
+    /// Non-zero: int8 holding int4 values (32-element packs).
+    pub use_int4: i32,
+    /// Non-zero: AITER's a16w4 "gui" path (3-D `[E, N, K]`).
+    pub is_guinterleave: i32,
+    /// Non-zero with `is_guinterleave`: rows are [gate; up], interleaved in `layout_n` blocks.
+    pub gate_up: i32,
+    /// If > 0, K is zero-padded to a multiple of this first; `dst` has the padded K.
+    pub pad_k_to: i64,
+}
+
+/// AITER `shuffle_scale` / `e8m0_shuffle`: `src` `[m, n]` e8m0 (or fp32: copied through).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_shuffle_scale_args {
+    pub struct_size: u32,
+    pub src: *const moeplug_tensor,
+    pub dst: *const moeplug_tensor,
+    /// Experts stacked in `src` rows (required with `is_guinterleave`).
+    pub num_experts: i32,
+    pub is_guinterleave: i32,
+    pub gate_up: i32,
+}
+
+/// Zero padding `[E, N, K]` -> `[E, N', K']` (shapes from `src`/`dst`); also `[E, N]` biases.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_pad_weights_args {
+    pub struct_size: u32,
+    pub src: *const moeplug_tensor,
+    pub dst: *const moeplug_tensor,
+    /// Non-zero: rows are [gate; up] halves, padded separately (up rows start at N'/2).
+    pub gate_up: i32,
+    /// Value of the padding, converted to the element type (0 -> zero bytes).
+    pub fill: f64,
+}
+
+/// `[E, N, K/32]` e8m0 -> a swizzled scale layout.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_swizzle_scale_args {
+    pub struct_size: u32,
+    pub src: *const moeplug_tensor,
+    pub dst: *const moeplug_tensor,
+    /// A `moeplug_scale_layout` value (0 -> CDNA4_SWIZZLE).
+    pub layout: i32,
+}
+
+/// bf16/fp32 `[..., K]` -> MXFP4 (uint8/fp4 `[..., K/2]`) or MXFP8 (e4m3fn / e4m3fnuz, by the
+/// dtype of `dst_q`) with e8m0 scales per 1x32 along K.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_quantize_mx_args {
+    pub struct_size: u32,
+    pub src: *const moeplug_tensor,
+    pub dst_q: *const moeplug_tensor,
+    /// `[rows, K/32]`, or the AITER shuffled shape when `shuffle_scale` is set.
+    pub dst_scale: *const moeplug_tensor,
+    /// MXFP4 or MXFP8 (a `moeplug_weight_format` value).
+    pub format: i32,
+    /// A `moeplug_round_mode` value (0 -> UP).
+    pub round_mode: i32,
+    /// Non-zero: write the scales in AITER's e8m0_shuffle layout.
+    pub shuffle_scale: i32,
+}
+
+/// Inputs and target of `moeplug_prepare_moe`. Checkpoint tensors are plain row-major:
+/// `w13 [E, 2I, H]` in `gate_mode_in` order, `w2 [E, H, I]`, scales per the format, biases fp32.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_prepare_moe_args {
+    pub struct_size: u32,
+    /// A `moeplug_weight_format` value (required).
+    pub weight_format: i32,
+    /// Row order of the checkpoint `w13` (0 -> SEPARATED).
+    pub gate_mode_in: i32,
+    /// Target device type (0 -> CPU) and id: the kernel whose layout is produced.
+    pub device_type: i32,
+    pub device_id: i32,
+    /// Activation dtype the launches will use (0 -> the format's default).
+    pub act_dtype: i32,
+    /// Alignment of the padded hidden / intermediate sizes (0 -> 256 for MXFP4/MXFP8,
+    /// 128 for FP8_BLOCK128, 1 otherwise).
+    pub hidden_align: i32,
+    pub intermediate_align: i32,
+    pub w13: *const moeplug_tensor,
+    pub w13_scale: *const moeplug_tensor,
+    pub w13_bias: *const moeplug_tensor,
+    pub w2: *const moeplug_tensor,
+    pub w2_scale: *const moeplug_tensor,
+    pub w2_bias: *const moeplug_tensor,
+    pub out_w13: *const moeplug_tensor,
+    pub out_w13_scale: *const moeplug_tensor,
+    pub out_w13_bias: *const moeplug_tensor,
+    pub out_w2: *const moeplug_tensor,
+    pub out_w2_scale: *const moeplug_tensor,
+    pub out_w2_bias: *const moeplug_tensor,
+    /// Written on success.
+    pub out_layout: *mut moeplug_layout,
+}
+
+/// Shapes and bytes of each output of `moeplug_prepare_moe` (0-dim = absent).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_prepare_moe_sizes_out {
+    pub struct_size: u32,
+    pub w13_ndim: i32,
+    pub w13_shape: [i64; 4],
+    pub w13_scale_ndim: i32,
+    pub w13_scale_shape: [i64; 4],
+    pub w13_bias_ndim: i32,
+    pub w13_bias_shape: [i64; 4],
+    pub w2_ndim: i32,
+    pub w2_shape: [i64; 4],
+    pub w2_scale_ndim: i32,
+    pub w2_scale_shape: [i64; 4],
+    pub w2_bias_ndim: i32,
+    pub w2_bias_shape: [i64; 4],
+    pub w13_bytes: u64,
+    pub w13_scale_bytes: u64,
+    pub w13_bias_bytes: u64,
+    pub w2_bytes: u64,
+    pub w2_scale_bytes: u64,
+    pub w2_bias_bytes: u64,
+    /// The layout record the preparation will write.
+    pub layout: moeplug_layout,
+}
+
+/// Everything a fused MoE launch needs. Optional tensors are NULL.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_fused_moe_args {
+    pub struct_size: u32,
+    /// The record written by preparation (required).
+    pub layout: *const moeplug_layout,
+    /// A `moeplug_activation` value (0 -> SILU).
+    pub activation: i32,
+    pub alpha: f32,
+    pub limit: f32,
+    /// A `moeplug_act_dtype` value (0 -> the format's default).
+    pub act_dtype: i32,
+    /// `moeplug_moe_flag` bits.
+    pub flags: u32,
+    /// `[M, H]` bf16/fp16, or pre-quantized with `hidden_scale`.
+    pub hidden_states: *const moeplug_tensor,
+    pub hidden_scale: *const moeplug_tensor,
+    pub w13: *const moeplug_tensor,
+    pub w13_scale: *const moeplug_tensor,
+    /// `[E, 2I]` fp32.
+    pub w13_bias: *const moeplug_tensor,
+    pub w2: *const moeplug_tensor,
+    pub w2_scale: *const moeplug_tensor,
+    /// `[E, H]` fp32.
+    pub w2_bias: *const moeplug_tensor,
+    /// `[M, k]` fp32.
+    pub topk_weights: *const moeplug_tensor,
+    /// `[M, k]` int32 global expert ids.
+    pub topk_ids: *const moeplug_tensor,
+    /// `[E_global]` or `[E_global + 1]` int32 0/1 (expert parallelism).
+    pub expert_mask: *const moeplug_tensor,
+    /// `[1]` int32: only the first n rows are real; output rows >= n are zero.
+    pub num_local_tokens: *const moeplug_tensor,
+    /// `[M, H]` bf16/fp16, caller-allocated.
+    pub output: *const moeplug_tensor,
+    /// `[bytes]` uint8, at least `moeplug_fused_moe_workspace_size`.
+    pub workspace: *const moeplug_tensor,
+    /// `cudaStream_t` / `hipStream_t`; NULL = the default stream.
+    pub stream: *mut c_void,
+}

@@ -1,0 +1,45 @@
+//! Fused MoE semantics shared by every backend: the launch configuration.
+
+use crate::layout::Layout;
+use crate::types::{ActDtype, Activation};
+
+/// What a launch computes, independent of the tensors' addresses (the config check answers
+/// for this alone).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeConfig {
+    pub layout: Layout,
+    pub activation: Activation,
+    /// Resolved: never 0.
+    pub alpha: f32,
+    /// Resolved: None = no clamp.
+    pub limit: Option<f32>,
+    /// Resolved: never DEFAULT.
+    pub act_dtype: ActDtype,
+    pub router_weight_on_input: bool,
+    pub has_expert_mask: bool,
+    pub has_num_local_tokens: bool,
+}
+
+use crate::tensor::Tensor;
+
+/// A launch: the configuration and the caller's tensors, validated for presence and dtype
+/// by the C surface, checked against the layout by [`crate::moe`]'s launch check.
+#[derive(Debug, Clone)]
+pub struct MoeLaunch {
+    pub config: MoeConfig,
+    pub hidden_states: Tensor,
+    pub hidden_scale: Option<Tensor>,
+    pub w13: Tensor,
+    pub w13_scale: Option<Tensor>,
+    pub w13_bias: Option<Tensor>,
+    pub w2: Tensor,
+    pub w2_scale: Option<Tensor>,
+    pub w2_bias: Option<Tensor>,
+    pub topk_weights: Tensor,
+    pub topk_ids: Tensor,
+    pub expert_mask: Option<Tensor>,
+    pub num_local_tokens: Option<Tensor>,
+    pub output: Tensor,
+    pub workspace: Option<Tensor>,
+    pub stream: usize,
+}
