@@ -9,6 +9,7 @@ pub mod capi;
 pub mod error;
 pub mod layout;
 pub mod moe;
+pub mod prep;
 pub mod quant;
 pub mod tensor;
 pub mod types;
