@@ -81,6 +81,349 @@ typedef int32_t moeplug_status;
 #endif // __cplusplus
 
 /**
+ * DLPack device types (`DLDeviceType`).
+ */
+enum moeplug_device_type
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  MOEPLUG_DEVICE_TYPE_CPU = 1,
+  MOEPLUG_DEVICE_TYPE_CUDA = 2,
+  MOEPLUG_DEVICE_TYPE_CUDA_HOST = 3,
+  MOEPLUG_DEVICE_TYPE_ROCM = 10,
+  MOEPLUG_DEVICE_TYPE_ROCM_HOST = 11,
+  MOEPLUG_DEVICE_TYPE_CUDA_MANAGED = 13,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_device_type moeplug_device_type;
+#else
+typedef int32_t moeplug_device_type;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * DLPack dtype codes (`DLDataTypeCode`) that moeplug reads.
+ */
+enum moeplug_dtype_code
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  MOEPLUG_DTYPE_CODE_INT = 0,
+  MOEPLUG_DTYPE_CODE_UINT = 1,
+  MOEPLUG_DTYPE_CODE_FLOAT = 2,
+  MOEPLUG_DTYPE_CODE_BFLOAT = 4,
+  MOEPLUG_DTYPE_CODE_FLOAT8_E4M3FN = 10,
+  MOEPLUG_DTYPE_CODE_FLOAT8_E4M3FNUZ = 11,
+  MOEPLUG_DTYPE_CODE_FLOAT8_E8M0FNU = 14,
+  MOEPLUG_DTYPE_CODE_FLOAT4_E2M1FN = 17,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_dtype_code moeplug_dtype_code;
+#else
+typedef int32_t moeplug_dtype_code;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * How MoE weights are stored.
+ */
+enum moeplug_weight_format
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  MOEPLUG_WEIGHT_FORMAT_DEFAULT = 0,
+  MOEPLUG_WEIGHT_FORMAT_BF16 = 1,
+  MOEPLUG_WEIGHT_FORMAT_FP16 = 2,
+  /**
+   * fp8 weights with one fp32 scale per expert (`[E]` or `[E, 1]`).
+   */
+  MOEPLUG_WEIGHT_FORMAT_FP8_PER_TENSOR = 3,
+  /**
+   * fp8 weights with one fp32 scale per output row (`[E, N]` or `[E, N, 1]`).
+   */
+  MOEPLUG_WEIGHT_FORMAT_FP8_PER_CHANNEL = 4,
+  /**
+   * fp8 weights with fp32 scales per 128x128 block (`[E, N/128, K/128]`).
+   */
+  MOEPLUG_WEIGHT_FORMAT_FP8_BLOCK128 = 5,
+  /**
+   * packed e2m1 with e8m0 scales per 1x32 along K.
+   */
+  MOEPLUG_WEIGHT_FORMAT_MXFP4 = 6,
+  /**
+   * fp8 (e4m3fn or e4m3fnuz) with e8m0 scales per 1x32 along K.
+   */
+  MOEPLUG_WEIGHT_FORMAT_MXFP8 = 7,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_weight_format moeplug_weight_format;
+#else
+typedef int32_t moeplug_weight_format;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Activation dtype the GEMMs consume (AITER's quant_dtype_a). DEFAULT is fixed per weight
+ * format: BF16/FP16 weights -> the input's; FP8_BLOCK128 -> FP8_BLOCK128; other FP8 ->
+ * FP8_PER_TOKEN; MXFP4 -> BF16 (a16w4); MXFP8 -> MXFP8. Never chosen from M or environment.
+ */
+enum moeplug_act_dtype
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  MOEPLUG_ACT_DTYPE_DEFAULT = 0,
+  MOEPLUG_ACT_DTYPE_BF16 = 1,
+  MOEPLUG_ACT_DTYPE_FP16 = 2,
+  MOEPLUG_ACT_DTYPE_FP8_PER_TOKEN = 3,
+  MOEPLUG_ACT_DTYPE_FP8_PER_TENSOR = 4,
+  /**
+   * fp8 with one scale per 1x128 group of K.
+   */
+  MOEPLUG_ACT_DTYPE_FP8_BLOCK128 = 5,
+  MOEPLUG_ACT_DTYPE_MXFP4 = 6,
+  MOEPLUG_ACT_DTYPE_MXFP8 = 7,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_act_dtype moeplug_act_dtype;
+#else
+typedef int32_t moeplug_act_dtype;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Row order of `w13`.
+ */
+enum moeplug_gate_mode
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  MOEPLUG_GATE_MODE_DEFAULT = 0,
+  /**
+   * All gate rows, then all up rows (GGUU).
+   */
+  MOEPLUG_GATE_MODE_SEPARATED = 1,
+  /**
+   * 16-row blocks g,u,g,u (AITER's INTERLEAVE).
+   */
+  MOEPLUG_GATE_MODE_INTERLEAVE = 2,
+  /**
+   * Row by row g0,u0,g1,u1 (gpt-oss checkpoints, triton_kernels).
+   */
+  MOEPLUG_GATE_MODE_INTERLEAVE_ROWS = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_gate_mode moeplug_gate_mode;
+#else
+typedef int32_t moeplug_gate_mode;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * The gated activation. `alpha` 0 -> 1.702; `limit` 0 -> none for SILU/GELU, 7.0 for SWIGLU_OAI.
+ */
+enum moeplug_activation
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  MOEPLUG_ACTIVATION_DEFAULT = 0,
+  /**
+   * silu(g) * u (with limit L: g = min(g, L), u = clamp(u, -L, L) first).
+   */
+  MOEPLUG_ACTIVATION_SILU = 1,
+  /**
+   * exact erf gelu(g) * u.
+   */
+  MOEPLUG_ACTIVATION_GELU = 2,
+  /**
+   * g' = min(g, L), u' = clamp(u, -L, L), g' * sigmoid(alpha * g') * (u' + 1).
+   */
+  MOEPLUG_ACTIVATION_SWIGLU_OAI = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_activation moeplug_activation;
+#else
+typedef int32_t moeplug_activation;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Physical order of weight bytes.
+ */
+enum moeplug_weight_layout
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  MOEPLUG_WEIGHT_LAYOUT_DEFAULT = 0,
+  /**
+   * Row-major `[E, N, K]`.
+   */
+  MOEPLUG_WEIGHT_LAYOUT_PLAIN = 1,
+  /**
+   * AITER `shuffle_weight` layout (16, 16).
+   */
+  MOEPLUG_WEIGHT_LAYOUT_AITER16X16 = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_weight_layout moeplug_weight_layout;
+#else
+typedef int32_t moeplug_weight_layout;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Physical order of MX block-scale bytes.
+ */
+enum moeplug_scale_layout
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  MOEPLUG_SCALE_LAYOUT_DEFAULT = 0,
+  /**
+   * Row-major `[E*N, K/32]`.
+   */
+  MOEPLUG_SCALE_LAYOUT_PLAIN = 1,
+  /**
+   * AITER `e8m0_shuffle` / `shuffle_scale` (32x8 blocks).
+   */
+  MOEPLUG_SCALE_LAYOUT_AITER_E8M0 = 2,
+  /**
+   * triton_kernels CDNA4 MX scale layout.
+   */
+  MOEPLUG_SCALE_LAYOUT_CDNA4_SWIZZLE = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_scale_layout moeplug_scale_layout;
+#else
+typedef int32_t moeplug_scale_layout;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Backend family in `moeplug_caps.backend`.
+ */
+enum moeplug_backend
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  MOEPLUG_BACKEND_NONE = 0,
+  MOEPLUG_BACKEND_CPU = 1,
+  MOEPLUG_BACKEND_CUDA = 2,
+  MOEPLUG_BACKEND_HIP = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_backend moeplug_backend;
+#else
+typedef int32_t moeplug_backend;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * e8m0 scale rounding of MX quantization (AITER MxScaleRoundMode + 1). DEFAULT = UP.
+ */
+enum moeplug_round_mode
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  MOEPLUG_ROUND_MODE_DEFAULT = 0,
+  MOEPLUG_ROUND_MODE_DOWN = 1,
+  MOEPLUG_ROUND_MODE_UP = 2,
+  MOEPLUG_ROUND_MODE_EVEN = 3,
+  MOEPLUG_ROUND_MODE_CEIL = 4,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_round_mode moeplug_round_mode;
+#else
+typedef int32_t moeplug_round_mode;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Bits of `moeplug_caps.features`.
+ */
+enum moeplug_feature
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  MOEPLUG_FEATURE_BIAS = (1 << 0),
+  MOEPLUG_FEATURE_EXPERT_MASK = (1 << 1),
+  MOEPLUG_FEATURE_NUM_LOCAL_TOKENS = (1 << 2),
+  MOEPLUG_FEATURE_ROUTER_WEIGHT_ON_INPUT = (1 << 3),
+  MOEPLUG_FEATURE_GRAPH_CAPTURE = (1 << 4),
+  MOEPLUG_FEATURE_DEVICE_PREP = (1 << 5),
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_feature moeplug_feature;
+#else
+typedef uint32_t moeplug_feature;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Bits of `moeplug_layout.flags`.
+ */
+enum moeplug_layout_flag
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * The prepared weights come with fp32 biases.
+   */
+  MOEPLUG_LAYOUT_FLAG_HAS_BIAS = (1 << 0),
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_layout_flag moeplug_layout_flag;
+#else
+typedef uint32_t moeplug_layout_flag;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Bits of `moeplug_fused_moe_args.flags`.
+ */
+enum moeplug_moe_flag
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Multiply the routing weight into the stage-1 output (before bias and activation);
+   * stage 2 then sums unweighted (AITER doweight_stage1).
+   */
+  MOEPLUG_MOE_FLAG_ROUTER_WEIGHT_ON_INPUT = (1 << 3),
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_moe_flag moeplug_moe_flag;
+#else
+typedef uint32_t moeplug_moe_flag;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * What a device can do. The caller sets `struct_size`; the library fills the rest.
  */
 typedef struct moeplug_caps {
