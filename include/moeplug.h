@@ -274,7 +274,7 @@ enum moeplug_weight_layout
   /**
    * AITER `shuffle_weight` layout (16, 16).
    */
-  MOEPLUG_WEIGHT_LAYOUT_AITER16X16 = 2,
+  MOEPLUG_WEIGHT_LAYOUT_AITER_16X16 = 2,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

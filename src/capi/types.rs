@@ -126,7 +126,7 @@ pub enum moeplug_weight_layout {
     /// Row-major `[E, N, K]`.
     Plain = 1,
     /// AITER `shuffle_weight` layout (16, 16).
-    Aiter16x16 = 2,
+    Aiter_16x16 = 2,
 }
 
 /// Physical order of MX block-scale bytes.

@@ -1,0 +1,57 @@
+//! Helpers shared by the integration tests: where the built library is, running tools.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The profile folder the test binary runs from (target/<profile>), where cargo puts
+/// libmoeplug.so.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf() // .../deps/<test> -> ...
+}
+
+/// The shared library built for this test run.
+pub fn library() -> PathBuf {
+    let lib = profile_dir().join("libmoeplug.so");
+    assert!(lib.exists(), "{} not built", lib.display());
+    lib
+}
+
+/// A scratch folder for this test.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = profile_dir().join("test-scratch").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Run a command; panic with its output unless it succeeds. Returns stdout.
+pub fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{cmd:?} failed ({}):\n{stdout}\n{stderr}", out.status);
+    stdout
+}
+
+pub fn c_compiler() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".to_string())
+}
+
+pub fn cxx_compiler() -> String {
+    std::env::var("CXX").unwrap_or_else(|_| "c++".to_string())
+}
+
+pub fn include_dir() -> PathBuf {
+    root().join("include")
+}
+
+pub fn exists(p: &Path) -> bool {
+    p.exists()
+}
