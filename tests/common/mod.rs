@@ -16,9 +16,11 @@ pub fn profile_dir() -> PathBuf {
     exe.parent().unwrap().parent().unwrap().to_path_buf() // .../deps/<test> -> ...
 }
 
-/// The shared library built for this test run.
+/// The shared library built for this test run. `cargo test` builds it in deps/ and does not
+/// always refresh the copy in the profile folder, so deps/ comes first.
 pub fn library() -> PathBuf {
-    let lib = profile_dir().join("libmoeplug.so");
+    let fresh = profile_dir().join("deps/libmoeplug.so");
+    let lib = if fresh.exists() { fresh } else { profile_dir().join("libmoeplug.so") };
     assert!(lib.exists(), "{} not built", lib.display());
     lib
 }
