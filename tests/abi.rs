@@ -23,11 +23,28 @@ fn header_compiles_as_c99_and_cxx17() {
     let dir = scratch("header");
     for std in ["-std=c99", "-std=c11"] {
         run(Command::new(c_compiler())
-            .args([std, "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only", "-x", "c"])
+            .args([
+                std,
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-pedantic",
+                "-fsyntax-only",
+                "-x",
+                "c",
+            ])
             .arg(include_dir().join("moeplug.h")));
     }
     run(Command::new(cxx_compiler())
-        .args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-pedantic", "-c", "-o"])
+        .args([
+            "-std=c++17",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-c",
+            "-o",
+        ])
         .arg(dir.join("header_cpp.o"))
         .arg("-I")
         .arg(include_dir())
@@ -52,7 +69,9 @@ fn c_program_dlopens_the_library_and_sees_every_error_path() {
 
 /// Dynamic symbols defined by the library, as `name@version` (or `name` when unversioned).
 fn defined_dynamic_symbols() -> Vec<String> {
-    let out = run(Command::new("readelf").args(["--dyn-syms", "--wide"]).arg(library()));
+    let out = run(Command::new("readelf")
+        .args(["--dyn-syms", "--wide"])
+        .arg(library()));
     out.lines()
         .filter_map(|line| {
             let cols: Vec<&str> = line.split_whitespace().collect();
@@ -71,12 +90,18 @@ fn defined_dynamic_symbols() -> Vec<String> {
 #[test]
 fn every_export_is_a_versioned_moeplug_symbol() {
     let symbols = defined_dynamic_symbols();
-    let exports: Vec<&String> = symbols.iter().filter(|s| !s.starts_with("MOEPLUG_1.0")).collect();
+    let exports: Vec<&String> = symbols
+        .iter()
+        .filter(|s| !s.starts_with("MOEPLUG_1.0"))
+        .collect();
     assert!(exports.len() >= 15, "too few exports: {symbols:?}");
     for s in &exports {
         let (name, version) = s.split_once('@').unwrap_or((s.as_str(), ""));
         assert!(name.starts_with("moeplug_"), "unexpected export {s}");
-        assert_eq!(version, "@MOEPLUG_1.0", "{name} is not versioned MOEPLUG_1.0 (default): {s}");
+        assert_eq!(
+            version, "@MOEPLUG_1.0",
+            "{name} is not versioned MOEPLUG_1.0 (default): {s}"
+        );
     }
     for needed in [
         "moeplug_last_error",
@@ -95,7 +120,12 @@ fn every_export_is_a_versioned_moeplug_symbol() {
         "moeplug_prepare_moe",
         "moeplug_prepare_moe_sizes",
     ] {
-        assert!(exports.iter().any(|s| s.starts_with(&format!("{needed}@@"))), "{needed} is not exported");
+        assert!(
+            exports
+                .iter()
+                .any(|s| s.starts_with(&format!("{needed}@@"))),
+            "{needed} is not exported"
+        );
     }
 }
 
@@ -104,7 +134,13 @@ fn soname_and_no_vendor_libraries() {
     let out = run(Command::new("readelf").arg("-d").arg(library()));
     assert!(out.contains("Library soname: [libmoeplug.so.1]"), "{out}");
     for line in out.lines().filter(|l| l.contains("(NEEDED)")) {
-        for vendor in ["libcuda", "libnvrtc", "libamdhip64", "libhiprtc", "libcudart"] {
+        for vendor in [
+            "libcuda",
+            "libnvrtc",
+            "libamdhip64",
+            "libhiprtc",
+            "libcudart",
+        ] {
             assert!(!line.contains(vendor), "links a vendor library: {line}");
         }
     }
@@ -119,12 +155,17 @@ fn every_header_function_is_exported() {
         .filter_map(|l| {
             let head = &l[..l.find('(')?];
             let name = &head[head.rfind("moeplug_")?..];
-            (l.starts_with("moeplug_status ") || l.starts_with("const char *") || l.starts_with("uint32_t "))
-                .then_some(name)
+            (l.starts_with("moeplug_status ")
+                || l.starts_with("const char *")
+                || l.starts_with("uint32_t "))
+            .then_some(name)
         })
         .collect();
     assert!(declared.len() >= 15, "{declared:?}");
     for name in declared {
-        assert!(symbols.iter().any(|s| s == &format!("{name}@@MOEPLUG_1.0")), "{name} declared but not exported");
+        assert!(
+            symbols.iter().any(|s| s == &format!("{name}@@MOEPLUG_1.0")),
+            "{name} declared but not exported"
+        );
     }
 }

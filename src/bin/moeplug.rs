@@ -1,3 +1,129 @@
-fn main() {
-    println!("{}", moeplug::version());
+//! `moeplug info`: version, ABI and what every backend on this machine can run.
+
+use std::process::ExitCode;
+
+use moeplug::backend::{self, Caps};
+use moeplug::tensor::DeviceKind;
+use moeplug::types::{
+    feature, ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout,
+};
+
+const USAGE: &str = "usage: moeplug <command>\n\ncommands:\n  info    version, ABI and the capabilities of every backend\n";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("info") => {
+            info();
+            ExitCode::SUCCESS
+        }
+        Some("-h") | Some("--help") | Some("help") => {
+            print!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        other => {
+            if let Some(cmd) = other {
+                eprintln!("moeplug: unknown command '{cmd}'\n");
+            }
+            eprint!("{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn labels<T: Copy>(all: Vec<T>, label: fn(T) -> &'static str) -> String {
+    if all.is_empty() {
+        "-".to_string()
+    } else {
+        all.into_iter().map(label).collect::<Vec<_>>().join(", ")
+    }
+}
+
+fn features(mask: u32) -> String {
+    let names: Vec<&str> = feature::NAMES
+        .iter()
+        .filter(|(bit, _)| mask & bit != 0)
+        .map(|(_, n)| *n)
+        .collect();
+    if names.is_empty() {
+        "-".to_string()
+    } else {
+        names.join(", ")
+    }
+}
+
+fn print_caps(device: &str, caps: &Caps) {
+    let rows = [
+        (
+            "backend",
+            caps.backend.map(|b| b.label()).unwrap_or("?").to_string(),
+        ),
+        ("arch", caps.arch.clone()),
+        ("runtime", caps.runtime_version.clone()),
+        (
+            "weight formats",
+            labels(
+                WeightFormat::from_mask(caps.weight_formats),
+                WeightFormat::label,
+            ),
+        ),
+        (
+            "act dtypes",
+            labels(ActDtype::from_mask(caps.act_dtypes), ActDtype::label),
+        ),
+        (
+            "gate modes",
+            labels(GateMode::from_mask(caps.gate_modes), GateMode::label),
+        ),
+        (
+            "activations",
+            labels(Activation::from_mask(caps.activations), Activation::label),
+        ),
+        (
+            "weight layouts",
+            labels(
+                WeightLayout::from_mask(caps.weight_layouts),
+                WeightLayout::label,
+            ),
+        ),
+        (
+            "scale layouts",
+            labels(
+                ScaleLayout::from_mask(caps.scale_layouts),
+                ScaleLayout::label,
+            ),
+        ),
+        ("features", features(caps.features)),
+    ];
+    println!("{device}");
+    for (k, v) in rows {
+        println!("  {k:<15} {v}");
+    }
+    if caps.weight_formats == 0 {
+        println!(
+            "  {:<15} fused_moe is not available on this backend yet",
+            "note"
+        );
+    }
+}
+
+fn info() {
+    println!("moeplug {}", moeplug::version());
+    println!(
+        "ABI     {}.{} (symbols @@MOEPLUG_1.0, soname libmoeplug.so.1)",
+        1, 0
+    );
+    println!();
+    let devices = [
+        ("cpu", DeviceKind::Cpu),
+        ("cuda:0", DeviceKind::Cuda),
+        ("rocm:0", DeviceKind::Rocm),
+    ];
+    for (name, kind) in devices {
+        match backend::for_device(kind, 0) {
+            Ok(b) => print_caps(name, &b.caps()),
+            Err(e) => println!("{name}\n  {:<15} unavailable: {}", "backend", e.message),
+        }
+        println!();
+    }
 }

@@ -20,7 +20,11 @@ pub fn profile_dir() -> PathBuf {
 /// always refresh the copy in the profile folder, so deps/ comes first.
 pub fn library() -> PathBuf {
     let fresh = profile_dir().join("deps/libmoeplug.so");
-    let lib = if fresh.exists() { fresh } else { profile_dir().join("libmoeplug.so") };
+    let lib = if fresh.exists() {
+        fresh
+    } else {
+        profile_dir().join("libmoeplug.so")
+    };
     assert!(lib.exists(), "{} not built", lib.display());
     lib
 }
@@ -35,10 +39,16 @@ pub fn scratch(name: &str) -> PathBuf {
 
 /// Run a command; panic with its output unless it succeeds. Returns stdout.
 pub fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{cmd:?} failed ({}):\n{stdout}\n{stderr}", out.status);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
     stdout
 }
 

@@ -1,0 +1,166 @@
+"""moeplug: MoE weight preparation and fused MoE through libmoeplug's C ABI (API.md §7).
+
+Every function raises :class:`MoeplugError` (with ``.status``, ``.name`` and the library's
+message) when the library refuses a call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+from . import _abi
+from ._tensor import DEVICE_CPU, DEVICE_CUDA, DEVICE_ROCM, describe, ptr
+
+__all__ = [
+    "MoeplugError",
+    "Caps",
+    "abi_version",
+    "version",
+    "get_caps",
+    "library_path",
+    "WEIGHT_FORMATS",
+    "ACT_DTYPES",
+    "GATE_MODES",
+    "ACTIVATIONS",
+    "WEIGHT_LAYOUTS",
+    "SCALE_LAYOUTS",
+    "FEATURES",
+]
+
+WEIGHT_FORMATS = {"bf16": 1, "fp16": 2, "fp8_per_tensor": 3, "fp8_per_channel": 4, "fp8_block128": 5, "mxfp4": 6, "mxfp8": 7}
+ACT_DTYPES = {"default": 0, "bf16": 1, "fp16": 2, "fp8_per_token": 3, "fp8_per_tensor": 4, "fp8_block128": 5, "mxfp4": 6, "mxfp8": 7}
+GATE_MODES = {"separated": 1, "interleave": 2, "interleave_rows": 3}
+ACTIVATIONS = {"silu": 1, "gelu": 2, "swiglu_oai": 3}
+WEIGHT_LAYOUTS = {"plain": 1, "aiter_16x16": 2}
+SCALE_LAYOUTS = {"plain": 1, "aiter_e8m0": 2, "cdna4_swizzle": 3, "cdna4": 3}
+ROUND_MODES = {"down": 1, "up": 2, "even": 3, "ceil": 4}
+BACKENDS = {1: "cpu", 2: "cuda", 3: "hip"}
+FEATURES = {
+    "bias": 1 << 0,
+    "expert_mask": 1 << 1,
+    "num_local_tokens": 1 << 2,
+    "router_weight_on_input": 1 << 3,
+    "graph_capture": 1 << 4,
+    "device_prep": 1 << 5,
+}
+STATUS_NAMES = [
+    "MOEPLUG_OK",
+    "MOEPLUG_INVALID_ARGUMENT",
+    "MOEPLUG_UNSUPPORTED",
+    "MOEPLUG_LAYOUT_MISMATCH",
+    "MOEPLUG_BACKEND_UNAVAILABLE",
+    "MOEPLUG_DEVICE_ERROR",
+    "MOEPLUG_COMPILE_ERROR",
+    "MOEPLUG_OUT_OF_MEMORY",
+    "MOEPLUG_BUFFER_TOO_SMALL",
+    "MOEPLUG_INTERNAL",
+]
+
+
+class MoeplugError(RuntimeError):
+    """A call the library refused: ``status`` (int), ``name`` ("MOEPLUG_..."), ``message``."""
+
+    def __init__(self, status: int, name: str, message: str):
+        super().__init__(f"{name}: {message}")
+        self.status = status
+        self.name = name
+        self.message = message
+
+
+_lib = None
+
+
+def _library():
+    global _lib
+    if _lib is None:
+        _lib = _abi.load()
+    return _lib
+
+
+def library_path() -> str:
+    """The path of the loaded libmoeplug."""
+    return _library().path
+
+
+def _check(status: int) -> None:
+    if status != 0:
+        lib = _library()
+        raise MoeplugError(status, lib.moeplug_status_name(status).decode(), lib.moeplug_last_error().decode())
+
+
+def _enum(table: dict, value, what: str) -> int:
+    """Enum from its lower-case name or int (0/None = default)."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        try:
+            return table[value.lower()]
+        except KeyError:
+            raise ValueError(f"{what}: unknown name {value!r} (valid: {', '.join(table)})") from None
+    return int(value)
+
+
+def abi_version() -> tuple[int, int]:
+    """(major, minor) of the library's ABI."""
+    v = _library().moeplug_abi_version()
+    return v >> 16, v & 0xFFFF
+
+
+def version() -> str:
+    return _library().moeplug_version().decode()
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What a device can run: sets of enum names (see the module's tables)."""
+
+    backend: str
+    arch: str
+    runtime_version: str
+    device: str
+    weight_formats: frozenset
+    act_dtypes: frozenset
+    gate_modes: frozenset
+    activations: frozenset
+    weight_layouts: frozenset
+    scale_layouts: frozenset
+    features: frozenset
+
+
+def _names(table: dict, mask: int, bits: bool = True) -> frozenset:
+    return frozenset(n for n, v in table.items() if mask & ((1 << v) if bits else v) and n != "cdna4")
+
+
+def parse_device(device) -> tuple[int, int]:
+    """"cpu", "cuda:0", "rocm:1", a torch.device, or (device_type, device_id)."""
+    if device is None:
+        return DEVICE_CPU, 0
+    if isinstance(device, tuple):
+        return int(device[0]), int(device[1])
+    text = str(device)
+    kind, _, index = text.partition(":")
+    types = {"cpu": DEVICE_CPU, "cuda": DEVICE_CUDA, "rocm": DEVICE_ROCM, "hip": DEVICE_ROCM}
+    if kind not in types:
+        raise ValueError(f"device: expected 'cpu', 'cuda:N' or 'rocm:N', got {text!r}")
+    return types[kind], int(index or 0)
+
+
+def get_caps(device="cpu") -> Caps:
+    """Capabilities of a device; raises MoeplugError(BACKEND_UNAVAILABLE) if its runtime is missing."""
+    dtype, did = parse_device(device)
+    caps = _abi.Caps()
+    _check(_library().moeplug_get_caps(dtype, did, ctypes.byref(caps)))
+    return Caps(
+        backend=BACKENDS.get(caps.backend, "unknown"),
+        arch=caps.arch.decode(),
+        runtime_version=caps.runtime_version.decode(),
+        device=str(device),
+        weight_formats=_names(WEIGHT_FORMATS, caps.weight_formats),
+        act_dtypes=_names(ACT_DTYPES, caps.act_dtypes),
+        gate_modes=_names(GATE_MODES, caps.gate_modes),
+        activations=_names(ACTIVATIONS, caps.activations),
+        weight_layouts=_names(WEIGHT_LAYOUTS, caps.weight_layouts),
+        scale_layouts=_names(SCALE_LAYOUTS, caps.scale_layouts),
+        features=_names(FEATURES, caps.features, bits=False),
+    )

@@ -1,0 +1,148 @@
+"""Describing NumPy arrays and torch tensors as moeplug_tensor (DLTensor) without copies."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from . import _abi
+
+try:  # ml_dtypes gives NumPy the low-precision float types
+    import ml_dtypes as _mld
+except ImportError:  # pragma: no cover - exercised only without ml_dtypes
+    _mld = None
+
+DEVICE_CPU, DEVICE_CUDA, DEVICE_ROCM = 1, 2, 10
+
+# DLPack (code, bits) of each NumPy dtype moeplug reads.
+_NUMPY_CODES = {
+    np.dtype(np.int8): (0, 8),
+    np.dtype(np.int32): (0, 32),
+    np.dtype(np.int64): (0, 64),
+    np.dtype(np.uint8): (1, 8),
+    np.dtype(np.float16): (2, 16),
+    np.dtype(np.float32): (2, 32),
+}
+if _mld is not None:
+    _NUMPY_CODES.update(
+        {
+            np.dtype(_mld.bfloat16): (4, 16),
+            np.dtype(_mld.float8_e4m3fn): (10, 8),
+            np.dtype(_mld.float8_e4m3fnuz): (11, 8),
+            np.dtype(_mld.float8_e8m0fnu): (14, 8),
+        }
+    )
+
+_TORCH_CODES = {
+    "torch.int8": (0, 8),
+    "torch.int32": (0, 32),
+    "torch.int64": (0, 64),
+    "torch.uint8": (1, 8),
+    "torch.float16": (2, 16),
+    "torch.float32": (2, 32),
+    "torch.bfloat16": (4, 16),
+    "torch.float8_e4m3fn": (10, 8),
+    "torch.float8_e4m3fnuz": (11, 8),
+    "torch.float8_e8m0fnu": (14, 8),
+    "torch.float4_e2m1fn_x2": (1, 8),  # one byte, two values: passed as bytes
+}
+
+
+def is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+def pack_fp4(x: np.ndarray) -> np.ndarray:
+    """ml_dtypes float4_e2m1fn (one value per byte) -> packed uint8 [..., K/2], low nibble even."""
+    codes = x.view(np.uint8) & 0x0F
+    if codes.shape[-1] % 2:
+        raise ValueError(f"packing fp4 needs an even last dimension, got shape {x.shape}")
+    return np.ascontiguousarray(codes[..., 0::2] | (codes[..., 1::2] << 4))
+
+
+def as_array(x):
+    """NumPy view of anything host-side we accept (arrays, __dlpack__ objects); torch passes."""
+    if x is None or is_torch(x) or isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "__dlpack__"):
+        return np.from_dlpack(x)
+    return np.asarray(x)
+
+
+class Described:
+    """A moeplug_tensor plus the Python objects that keep its memory alive."""
+
+    def __init__(self, obj, tensor: _abi.Tensor, shape_buf):
+        self.obj = obj
+        self.tensor = tensor
+        self._shape = shape_buf
+
+    @property
+    def ptr(self):
+        return ctypes.pointer(self.tensor)
+
+
+def describe(x, name: str = "tensor", writable: bool = False) -> Described | None:
+    """moeplug_tensor for a NumPy array or torch tensor (None stays None)."""
+    if x is None:
+        return None
+    x = as_array(x)
+    if is_torch(x):
+        return _describe_torch(x, name)
+    if _mld is not None and x.dtype == np.dtype(_mld.float4_e2m1fn):
+        if writable:
+            raise TypeError(f"{name}: outputs of packed fp4 are uint8 [..., K/2]")
+        x = pack_fp4(x)
+    if not x.flags.c_contiguous:
+        if writable:
+            raise ValueError(f"{name}: output arrays must be C-contiguous")
+        x = np.ascontiguousarray(x)
+    if writable and not x.flags.writeable:
+        raise ValueError(f"{name}: output array is read-only")
+    code = _NUMPY_CODES.get(x.dtype)
+    if code is None:
+        raise TypeError(f"{name}: dtype {x.dtype} is not supported by moeplug")
+    shape = (ctypes.c_int64 * max(x.ndim, 1))(*x.shape)
+    t = _abi.Tensor(
+        data=x.ctypes.data if x.size else None,
+        device=_abi.Device(DEVICE_CPU, 0),
+        ndim=x.ndim,
+        dtype=_abi.DType(code[0], code[1], 1),
+        shape=ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)),
+        strides=None,
+        byte_offset=0,
+    )
+    return Described(x, t, shape)
+
+
+def _describe_torch(x, name: str) -> Described:
+    if not x.is_contiguous():
+        raise ValueError(f"{name}: torch tensors must be contiguous")
+    code = _TORCH_CODES.get(str(x.dtype))
+    if code is None:
+        raise TypeError(f"{name}: dtype {x.dtype} is not supported by moeplug")
+    if x.device.type == "cpu":
+        dev = _abi.Device(DEVICE_CPU, 0)
+    elif x.device.type == "cuda":
+        import torch
+
+        dev = _abi.Device(DEVICE_ROCM if torch.version.hip else DEVICE_CUDA, x.device.index or 0)
+    else:
+        raise ValueError(f"{name}: device {x.device} is not supported")
+    shape = (ctypes.c_int64 * max(x.dim(), 1))(*x.shape)
+    t = _abi.Tensor(
+        data=x.data_ptr() or None,
+        device=dev,
+        ndim=x.dim(),
+        dtype=_abi.DType(code[0], code[1], 1),
+        shape=ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)),
+        strides=None,
+        byte_offset=0,
+    )
+    return Described(x, t, shape)
+
+
+def ptr(d: Described | None):
+    """Pointer for an args field (NULL for None)."""
+    return d.ptr if d is not None else None
