@@ -169,3 +169,37 @@ fn every_header_function_is_exported() {
         );
     }
 }
+
+#[test]
+fn header_version_macros_match_cargo_toml() {
+    let header = std::fs::read_to_string(include_dir().join("moeplug.h")).unwrap();
+    let want = env!("CARGO_PKG_VERSION");
+    assert!(
+        header.contains(&format!("#define MOEPLUG_VERSION \"{want}\"")),
+        "MOEPLUG_VERSION is not {want}"
+    );
+    let parts: Vec<&str> = want.split('.').collect();
+    for (name, value) in ["MAJOR", "MINOR", "PATCH"].iter().zip(parts) {
+        assert!(
+            header.contains(&format!("#define MOEPLUG_VERSION_{name} {value}\n")),
+            "MOEPLUG_VERSION_{name}"
+        );
+    }
+}
+
+/// The README's C example is real code: it compiles against the header and links.
+#[test]
+fn readme_c_example_builds() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let start = readme.find("```c\n").expect("README has a C example") + 5;
+    let code = &readme[start..start + readme[start..].find("```").unwrap()];
+    let dir = scratch("readme_c");
+    std::fs::write(dir.join("example.c"), code).unwrap();
+    run(Command::new(c_compiler())
+        .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(dir.join("example"))
+        .arg("-I")
+        .arg(include_dir())
+        .arg(dir.join("example.c"))
+        .arg(library()));
+}

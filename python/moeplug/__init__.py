@@ -164,3 +164,28 @@ def get_caps(device="cpu") -> Caps:
         scale_layouts=_names(SCALE_LAYOUTS, caps.scale_layouts),
         features=_names(FEATURES, caps.features, bits=False),
     )
+
+
+from ._ops import (  # noqa: E402  (the ops need the tables above)
+    Prepared,
+    check_fused_moe,
+    fused_moe,
+    pad_weights,
+    prepare_moe,
+    quantize_mx,
+    shuffle_scale,
+    shuffle_weight,
+    swizzle_scale,
+)
+
+__all__ += [
+    "Prepared",
+    "check_fused_moe",
+    "fused_moe",
+    "pad_weights",
+    "prepare_moe",
+    "quantize_mx",
+    "shuffle_scale",
+    "shuffle_weight",
+    "swizzle_scale",
+]
