@@ -119,22 +119,52 @@ pub fn f3_shuffle(dst: &mut [u8], sn: usize, rows: &RowSource<'_>, col_pad: u8, 
     let group = 32 * sn;
     assert!(sn % 8 == 0 && dst.len() % group == 0);
     parallel_chunks(dst, group, |first_group, chunk| {
+        let mut src_rows: [Option<&[u8]>; 32] = [None; 32];
         for (gi, out) in chunk.chunks_exact_mut(group).enumerate() {
             let row0 = (first_group + gi) * 32;
-            for r in 0..32 {
-                match rows(row0 + r) {
-                    Some(src) => {
-                        for c in 0..sn {
-                            out[f3_offset(r, c, sn)] = src.get(c).copied().unwrap_or(col_pad);
-                        }
-                    }
-                    None => {
-                        for c in 0..sn {
-                            out[f3_offset(r, c, sn)] = row_pad;
-                        }
-                    }
-                }
+            for (r, slot) in src_rows.iter_mut().enumerate() {
+                *slot = rows(row0 + r);
+            }
+            for (c0, block) in out.chunks_exact_mut(256).enumerate() {
+                f3_block(block, &src_rows, c0 * 8, col_pad, row_pad);
             }
         }
     });
+}
+
+/// One 32-row × 8-column block of F3 (256 bytes). In-block byte (cl·64 + rl·4 + ch·2 + rh)
+/// holds (row rh·16 + rl, column c + ch·4 + cl), so each 4-byte word takes two columns of two
+/// rows 16 apart: built from whole 8-byte row pieces when all 32 rows are complete.
+fn f3_block(block: &mut [u8], src_rows: &[Option<&[u8]>; 32], c: usize, col_pad: u8, row_pad: u8) {
+    let full = src_rows.iter().all(|r| r.is_some_and(|r| r.len() >= c + 8));
+    if full {
+        let mut piece = [0u64; 32];
+        for (p, r) in piece.iter_mut().zip(src_rows) {
+            let r = r.unwrap();
+            *p = u64::from_le_bytes(r[c..c + 8].try_into().unwrap());
+        }
+        let byte = |v: u64, i: usize| (v >> (8 * i)) as u8;
+        for cl in 0..4 {
+            for rl in 0..16 {
+                let (lo, hi) = (piece[rl], piece[16 + rl]);
+                let o = cl * 64 + rl * 4;
+                block[o..o + 4].copy_from_slice(&[
+                    byte(lo, cl),
+                    byte(hi, cl),
+                    byte(lo, 4 + cl),
+                    byte(hi, 4 + cl),
+                ]);
+            }
+        }
+        return;
+    }
+    for (r, src) in src_rows.iter().enumerate() {
+        for cc in 0..8 {
+            let v = match src {
+                Some(s) => s.get(c + cc).copied().unwrap_or(col_pad),
+                None => row_pad,
+            };
+            block[f3_offset(r, cc, 8)] = v;
+        }
+    }
 }
