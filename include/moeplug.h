@@ -857,39 +857,81 @@ moeplug_status moeplug_fused_moe_workspace_size(const struct moeplug_fused_moe_a
 moeplug_status moeplug_fused_moe(const struct moeplug_fused_moe_args *args);
 
 /**
- * AITER `shuffle_weight` (LAYOUTS.md F1/F2) from `args->src` into `args->dst`.
- * Host tensors run synchronously; `stream` is used for device tensors.
+ * AITER `shuffle_weight` (LAYOUTS.md F1/F2) from `args->src` into `args->dst`, both
+ * `[..., N, K]` (packed fp4 as `{17, 4, 1}` logical or uint8 bytes; K in storage elements
+ * for the divisibility rules). `layout_n`/`layout_k` 0 → 16. `dst` has `src`'s shape, with K
+ * rounded up to `pad_k_to` when that is > 0 (zero padding). `gate_up` requires
+ * `is_guinterleave` (a 3-D `[E, N, K]`). Host tensors run synchronously; device tensors
+ * return UNSUPPORTED for now. `stream` is unused for host tensors.
  */
 moeplug_status moeplug_shuffle_weight(const struct moeplug_shuffle_weight_args *args, void *stream);
 
 /**
- * AITER `shuffle_scale` / `e8m0_shuffle` (LAYOUTS.md F3/F4).
+ * AITER `shuffle_scale` / `e8m0_shuffle` (LAYOUTS.md F3/F4): `src` `[m, n]` e8m0 (or uint8).
+ * Without `is_guinterleave` (F3): `dst` `[⌈m/256⌉·256, ⌈n/8⌉·8]`, padding bytes 0x00
+ * (AITER leaves them undefined); `num_experts` is ignored. With `is_guinterleave` (F4):
+ * `num_experts` (> 0) experts of N = m/num_experts rows (N a multiple of 32), `dst`
+ * `[m, ⌈n/8⌉·8]`, padding columns 0x7F as AITER; `gate_up` interleaves each expert's gate
+ * and up halves in 16-row blocks first. An fp32 `src` is copied unchanged into a `dst` of
+ * the same shape (AITER returns fp32 scales as they are).
  */
 moeplug_status moeplug_shuffle_scale(const struct moeplug_shuffle_scale_args *args, void *stream);
 
 /**
- * Zero padding of `[E, N, K]` weights, e8m0 scales or `[E, N]` fp32 biases.
+ * Padding of `src` `[E, N, K]` into `dst` `[E, N', K']` (N' >= N, K' >= K; shapes from the
+ * tensors), or of `[E, N]` (fp32 biases) into `[E, N']`. The new elements hold `fill`
+ * (converted exactly to the element type; 0 → zero bytes; packed fp4 fills both nibbles).
+ * With `gate_up` the rows are two halves (gate, up) padded separately: gate rows stay first,
+ * up rows start at N'/2. Works for weights, e8m0 scales `[E, N, K/32]` and biases.
  */
 moeplug_status moeplug_pad_weights(const struct moeplug_pad_weights_args *args, void *stream);
 
 /**
- * MX scale swizzle (LAYOUTS.md F5).
+ * Scale swizzle of an e8m0 (or uint8) `src` `[E, N, K/32]` into `dst`:
+ * `layout` 0 or CDNA4_SWIZZLE (3): triton_kernels' CDNA4 MX scale layout (LAYOUTS.md F5),
+ * `dst` `[E, ⌈N/32⌉, ⌈(K/32)/8⌉·8·32]` (its storage order), padding 0x00;
+ * AITER_E8M0 (2): `e8m0_shuffle` of the `[E·N, K/32]` view, `dst`
+ * `[⌈E·N/256⌉·256, ⌈(K/32)/8⌉·8]`, padding 0x00. PLAIN is not a swizzle (UNSUPPORTED).
  */
 moeplug_status moeplug_swizzle_scale(const struct moeplug_swizzle_scale_args *args, void *stream);
 
 /**
- * MXFP4 / MXFP8 quantization with e8m0 scales.
+ * MX quantization along the last dimension (AITER `per_1x32_f4_quant` /
+ * `per_1x32_f8_scale_f8_quant` with e8m0 scales): `src` fp32/bf16/fp16 `[..., K]`, K a
+ * multiple of 32. `format` MXFP4 (0 → MXFP4): `dst_q` packed fp4 (`{17,4,1}` `[..., K]` or
+ * uint8 `[..., K/2]`, low nibble = even element). MXFP8: `dst_q` `[..., K]` float8_e4m3fn or
+ * float8_e4m3fnuz (its dtype picks the encoding and the e8m0 constants 448 / 240).
+ * Per block of 32: b = e8m0 scale of the block's amax under `round_mode` (0 → UP), values
+ * y = x / 2^(b-127) encoded with round-to-nearest-even, saturating (NaN: fp4 code 3, fp8
+ * NaN). `dst_scale` e8m0/uint8 `[rows, K/32]` (or `[..., K/32]`); with `shuffle_scale` the
+ * AITER `e8m0_shuffle` layout `[⌈rows/256⌉·256, ⌈(K/32)/8⌉·8]`, padding 0x00.
  */
 moeplug_status moeplug_quantize_mx(const struct moeplug_quantize_mx_args *args, void *stream);
 
 /**
- * Sizes of each output of `moeplug_prepare_moe` (tensors of `args` may have NULL data).
+ * Shapes and bytes of each output of `moeplug_prepare_moe` for these arguments (tensors are
+ * read for shape and dtype only; their data may be NULL; output tensors are ignored).
+ * Shapes are in storage elements: packed fp4 weights count bytes in the last dimension
+ * (H/2, I/2), which is also how `out_w13`/`out_w2` may be given (uint8). Absent outputs
+ * have ndim 0 and 0 bytes. `out->layout` is the record `moeplug_prepare_moe` will write.
+ * `out->struct_size` must be set by the caller.
  */
 moeplug_status moeplug_prepare_moe_sizes(const struct moeplug_prepare_moe_args *args,
                                          struct moeplug_prepare_moe_sizes_out *out);
 
 /**
- * Pad, re-order, shuffle and swizzle checkpoint weights for the target; writes the layout.
+ * Prepare checkpoint MoE weights for the target (`device_type` 0/CPU: the CPU backend):
+ * `w13` `[E, 2I, H]` in `gate_mode_in` order (0 → SEPARATED; INTERLEAVE = 16-row blocks;
+ * INTERLEAVE_ROWS = g0,u0,g1,u1 as gpt-oss), `w2` `[E, H, I]`, scales per format (MXFP4/MXFP8:
+ * e8m0 `[E, N, K/32]` or `[E·N, K/32]`; FP8_PER_TENSOR fp32 `[E]`/`[E,1]`; FP8_PER_CHANNEL
+ * `[E, N]`/`[E, N, 1]`; FP8_BLOCK128 `[E, N/128, ⌈K/128⌉]`; none for BF16/FP16), fp32
+ * biases `[E, 2I]`, `[E, H]`. H and I are zero-padded to the alignment (0 → 256 MX, 128
+ * FP8_BLOCK128, else 1; raised to what the (16, 16) shuffle needs: 32, 64 for fp4), rows
+ * re-ordered to SEPARATED `[gate(I_pad); up(I_pad)]`, weights shuffled (AITER_16x16), MX
+ * scales e8m0-shuffled (AITER_E8M0, 2-D, padding 0x00), fp32 scales and biases re-ordered
+ * and padded (plain). Outputs must have exactly the shapes `moeplug_prepare_moe_sizes`
+ * reports, the dtypes of their inputs, be host memory and not overlap any input.
+ * `*out_layout` (caller sets `struct_size`) is written on success.
  */
 moeplug_status moeplug_prepare_moe(const struct moeplug_prepare_moe_args *args, void *stream);
 

@@ -63,6 +63,268 @@ pub fn fp8_e4m3fnuz_to_f32(b: u8) -> f32 {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Encoders. All are pure functions of one value; the block quantizers below work over
+// caller slices and never allocate.
+
+/// Code of a small float format with `mbits` mantissa bits and exponent bias `bias`, for a
+/// finite magnitude `a >= 0`, rounded to nearest with ties to even (the code whose last
+/// mantissa bit is 0), not yet saturated. Works for subnormals: below the smallest normal
+/// the exponent is clamped and the code is simply round(a / ulp).
+#[inline]
+fn small_float_code(a: f32, mbits: u32, bias: i32) -> u32 {
+    // floor(log2(a)) from the exponent field; f32 subnormals are far below every target.
+    let e = (((a.to_bits() >> 23) & 0xFF) as i32 - 127).max(1 - bias);
+    // a / ulp is exact: dividing by a power of two inside the normal f32 range.
+    let ulp = f32::from_bits(((e - mbits as i32 + 127) as u32) << 23);
+    let q = (a / ulp).round_ties_even() as u32;
+    // ((e + bias) << mbits) | (q - 2^mbits), written so that q = 2^(mbits+1) carries into
+    // the exponent.
+    (((e + bias - 1) as u32) << mbits) + q
+}
+
+/// e2m1 (FP4) code of `x`: round to nearest, ties to the even code, saturating at ±6
+/// (±inf included), sign kept (−0.0 → 8). NaN gives code 3 (1.5), the value AITER's
+/// `f32_to_mxfp4` was observed to produce (LAYOUTS.md §1.1).
+#[inline]
+pub fn f32_to_e2m1(x: f32) -> u8 {
+    if x.is_nan() {
+        return 3;
+    }
+    let a = x.abs();
+    let code = if a >= 6.0 {
+        7
+    } else {
+        small_float_code(a, 1, 1).min(7) as u8
+    };
+    if x.is_sign_negative() {
+        code | 8
+    } else {
+        code
+    }
+}
+
+/// Pack two e2m1 codes into one fp4x2 byte (low nibble = even element).
+#[inline]
+pub fn pack_fp4x2(even: u8, odd: u8) -> u8 {
+    (even & 15) | (odd << 4)
+}
+
+/// fp8 e4m3fn byte of `x`: round to nearest even, saturating to ±448 (±inf included; torch's
+/// cast would give NaN there, which the MX quantizers never hit because the scale keeps
+/// |x| ≤ 448), NaN → 0x7F (sign kept), −0.0 → 0x80.
+#[inline]
+pub fn f32_to_fp8_e4m3fn(x: f32) -> u8 {
+    if x.is_nan() {
+        return if x.is_sign_negative() { 0xFF } else { 0x7F };
+    }
+    let a = x.abs();
+    let code = if a >= 448.0 {
+        0x7E
+    } else {
+        small_float_code(a, 3, 7).min(0x7E) as u8
+    };
+    if x.is_sign_negative() {
+        code | 0x80
+    } else {
+        code
+    }
+}
+
+/// fp8 e4m3fnuz byte of `x`: round to nearest even, saturating to ±240 (±inf included),
+/// NaN → 0x80 (its only NaN), and no negative zero (−0.0 and negatives rounding to 0 → 0x00).
+#[inline]
+pub fn f32_to_fp8_e4m3fnuz(x: f32) -> u8 {
+    if x.is_nan() {
+        return 0x80;
+    }
+    let a = x.abs();
+    let code = if a >= 240.0 {
+        0x7F
+    } else {
+        small_float_code(a, 3, 8).min(0x7F) as u8
+    };
+    if x.is_sign_negative() && code != 0 {
+        code | 0x80
+    } else {
+        code
+    }
+}
+
+/// The element format of an MX block (AITER's `MxDtype`), which fixes the e8m0 constants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MxDtype {
+    Fp4E2m1,
+    Fp8E4m3,
+    Fp8E4m3Fnuz,
+}
+
+impl MxDtype {
+    /// (max_pos, target_max_pow2, mbits) of LAYOUTS.md §4.2.
+    pub fn constants(self) -> (f32, i32, u32) {
+        match self {
+            MxDtype::Fp4E2m1 => (6.0, 2, 1),
+            MxDtype::Fp8E4m3 => (448.0, 8, 3),
+            MxDtype::Fp8E4m3Fnuz => (240.0, 7, 3),
+        }
+    }
+    /// Encode one already-scaled value.
+    #[inline]
+    pub fn encode(self, y: f32) -> u8 {
+        match self {
+            MxDtype::Fp4E2m1 => f32_to_e2m1(y),
+            MxDtype::Fp8E4m3 => f32_to_fp8_e4m3fn(y),
+            MxDtype::Fp8E4m3Fnuz => f32_to_fp8_e4m3fnuz(y),
+        }
+    }
+}
+
+/// Biased f32 exponent field.
+#[inline]
+fn exp_field(v: f32) -> u32 {
+    (v.to_bits() >> 23) & 0xFF
+}
+
+/// e8m0 block-scale byte for a block whose largest magnitude is `amax`, under AITER's
+/// `f32_to_mx_e8m0_scale(amax, mode, dtype)` (LAYOUTS.md §4.2).
+#[inline]
+pub fn e8m0_scale_from_amax(amax: f32, mode: crate::types::RoundMode, dtype: MxDtype) -> u8 {
+    use crate::types::RoundMode;
+    let (max_pos, target_pow2, mbits) = dtype.constants();
+    let pow2 = f32::from_bits(((target_pow2 + 127) as u32) << 23);
+    // Round the exponent up when any mantissa bit is set (and the value is finite).
+    let ceil_exp = |v: f32| -> u8 {
+        let e = exp_field(v);
+        let m = v.to_bits() & 0x7F_FFFF;
+        (e + (m != 0 && e < 255) as u32) as u8
+    };
+    match mode {
+        RoundMode::Up => {
+            if !amax.is_finite() {
+                255
+            } else {
+                ceil_exp(amax / max_pos)
+            }
+        }
+        RoundMode::Ceil => {
+            if !amax.is_finite() {
+                255
+            } else {
+                ceil_exp(amax / pow2)
+            }
+        }
+        RoundMode::Down => exp_field(amax / pow2) as u8,
+        RoundMode::Even => {
+            let u = amax.to_bits().wrapping_add(1 << (22 - mbits)) & 0xFF80_0000;
+            exp_field(f32::from_bits(u) / pow2) as u8
+        }
+    }
+}
+
+/// Elements per MX block along K.
+pub const MX_BLOCK: usize = 32;
+
+/// A row-major source of values to quantize, read 32 at a time as f32.
+#[derive(Debug, Clone, Copy)]
+pub enum MxSource<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [half::bf16]),
+    F16(&'a [half::f16]),
+}
+
+impl MxSource<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            MxSource::F32(s) => s.len(),
+            MxSource::Bf16(s) => s.len(),
+            MxSource::F16(s) => s.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copy elements `start..start + 32` into `out` as f32.
+    #[inline]
+    fn block(&self, start: usize, out: &mut [f32; MX_BLOCK]) {
+        match self {
+            MxSource::F32(s) => out.copy_from_slice(&s[start..start + MX_BLOCK]),
+            MxSource::Bf16(s) => {
+                for (o, v) in out.iter_mut().zip(&s[start..start + MX_BLOCK]) {
+                    *o = v.to_f32();
+                }
+            }
+            MxSource::F16(s) => {
+                for (o, v) in out.iter_mut().zip(&s[start..start + MX_BLOCK]) {
+                    *o = v.to_f32();
+                }
+            }
+        }
+    }
+}
+
+/// Quantize one 32-element block: returns the e8m0 byte and writes the codes into `codes`
+/// (one per element, unpacked).
+#[inline]
+fn quantize_block(
+    x: &[f32; MX_BLOCK],
+    mode: crate::types::RoundMode,
+    dtype: MxDtype,
+    codes: &mut [u8; MX_BLOCK],
+) -> u8 {
+    // NaN propagates into amax like torch's max would (it makes the scale 255).
+    let amax = x.iter().fold(0.0f32, |m, v| {
+        if v.is_nan() || m.is_nan() {
+            f32::NAN
+        } else {
+            m.max(v.abs())
+        }
+    });
+    let b = e8m0_scale_from_amax(amax, mode, dtype);
+    let scale = e8m0_to_f32(b);
+    for (c, &v) in codes.iter_mut().zip(x) {
+        // Divide (not multiply by the reciprocal): AITER's reference divides.
+        *c = dtype.encode(v / scale);
+    }
+    b
+}
+
+/// AITER `per_1x32_f4_quant` (pack_dim −1) / `per_1x32_f8_scale_f8_quant` with e8m0 scales,
+/// over a row-major `[rows, k]` source: blocks of 32 along k. `q` receives `rows·k/2` packed
+/// fp4x2 bytes (low nibble = even element) for `Fp4E2m1`, else `rows·k` fp8 bytes; `scales`
+/// receives `rows·k/32` e8m0 bytes, row-major `[rows, k/32]` (unshuffled).
+/// Panics if `k % 32 != 0` or a slice length disagrees (callers validate first).
+pub fn quantize_mx(
+    src: MxSource<'_>,
+    k: usize,
+    mode: crate::types::RoundMode,
+    dtype: MxDtype,
+    q: &mut [u8],
+    scales: &mut [u8],
+) {
+    assert!(k % MX_BLOCK == 0, "k = {k} must be a multiple of 32");
+    let blocks = src.len() / MX_BLOCK;
+    let q_per_block = if dtype == MxDtype::Fp4E2m1 { 16 } else { 32 };
+    assert_eq!(scales.len(), blocks, "scales length");
+    assert_eq!(q.len(), blocks * q_per_block, "q length");
+    let mut x = [0.0f32; MX_BLOCK];
+    let mut codes = [0u8; MX_BLOCK];
+    for (i, (s, qb)) in scales
+        .iter_mut()
+        .zip(q.chunks_exact_mut(q_per_block))
+        .enumerate()
+    {
+        src.block(i * MX_BLOCK, &mut x);
+        *s = quantize_block(&x, mode, dtype, &mut codes);
+        if dtype == MxDtype::Fp4E2m1 {
+            for (o, pair) in qb.iter_mut().zip(codes.chunks_exact(2)) {
+                *o = pack_fp4x2(pair[0], pair[1]);
+            }
+        } else {
+            qb.copy_from_slice(&codes);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,5 +347,36 @@ mod tests {
         assert_eq!(e8m0_to_f32(127), 1.0);
         assert_eq!(e8m0_to_f32(0).to_bits(), 0x0040_0000);
         assert!(e8m0_to_f32(255).is_nan());
+    }
+
+    #[test]
+    fn fp8_encoders_round_trip_every_code() {
+        for b in 0u8..=255 {
+            let v = fp8_e4m3fn_to_f32(b);
+            if !v.is_nan() {
+                assert_eq!(f32_to_fp8_e4m3fn(v), b, "e4m3fn {b:#x}");
+            }
+            let v = fp8_e4m3fnuz_to_f32(b);
+            if !v.is_nan() {
+                assert_eq!(f32_to_fp8_e4m3fnuz(v), b, "e4m3fnuz {b:#x}");
+            }
+        }
+        // Ties go to the even code; overflow saturates.
+        assert_eq!(f32_to_fp8_e4m3fn(1.0625), 0x38); // between 1.0 (0x38) and 1.125 (0x39)
+        assert_eq!(f32_to_fp8_e4m3fn(1.1875), 0x3A); // between 1.125 and 1.25 -> 1.25
+        assert_eq!(f32_to_fp8_e4m3fn(1e9), 0x7E);
+        assert_eq!(f32_to_fp8_e4m3fn(f32::NEG_INFINITY), 0xFE);
+        assert_eq!(f32_to_fp8_e4m3fnuz(-1e9), 0xFF);
+        assert_eq!(f32_to_fp8_e4m3fnuz(-0.0), 0x00);
+        // Smallest subnormal halves tie to zero.
+        assert_eq!(f32_to_fp8_e4m3fn(2f32.powi(-10)), 0x00);
+        assert_eq!(f32_to_fp8_e4m3fn(3.0 * 2f32.powi(-10)), 0x02);
+    }
+
+    #[test]
+    fn e2m1_round_trips_every_code() {
+        for c in 0u8..16 {
+            assert_eq!(f32_to_e2m1(e2m1_to_f32(c)), c);
+        }
     }
 }

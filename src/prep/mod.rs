@@ -1,4 +1,12 @@
 //! Weight preparation: AITER's shuffles, scale shuffles, padding and swizzles, byte for byte
-//! (LAYOUTS.md §2–3). `maps` holds the index maps every reader and writer shares.
+//! (LAYOUTS.md §2–3), and `prepare`, which chains them for a target. `maps` holds the index
+//! maps every reader and writer shares; `rows` the two writers everything is built from.
 
 pub mod maps;
+pub mod pad;
+pub mod parallel;
+pub mod prepare;
+pub mod rows;
+pub mod scale;
+pub mod shuffle;
+pub mod swizzle;

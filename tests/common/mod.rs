@@ -67,3 +67,6 @@ pub fn include_dir() -> PathBuf {
 pub fn exists(p: &Path) -> bool {
     p.exists()
 }
+
+mod prep_helpers;
+pub use prep_helpers::*;

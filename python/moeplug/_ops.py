@@ -1,0 +1,296 @@
+"""The prep and fused_moe calls (API.md §4–7), one to one with the C functions."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _abi
+from ._tensor import describe, is_torch, ptr, as_array
+
+
+def _lib():
+    from . import _library
+
+    return _library()
+
+
+def _check(status):
+    from . import _check as check
+
+    check(status)
+
+
+def _enum(table, value, what):
+    from . import _enum as enum
+
+    return enum(table, value, what)
+
+
+def _empty_like(ref, shape, dtype=None):
+    """An uninitialized array/tensor on the same library and device as `ref`."""
+    shape = tuple(int(s) for s in shape)
+    if is_torch(ref):
+        import torch
+
+        return torch.empty(shape, dtype=dtype if dtype is not None else ref.dtype, device=ref.device)
+    return np.empty(shape, dtype=dtype if dtype is not None else ref.dtype)
+
+
+def _stream_of(x, stream):
+    """The caller's stream: explicit, else torch's current stream for CUDA tensors, else NULL."""
+    if stream is not None:
+        return stream if isinstance(stream, int) else getattr(stream, "cuda_stream", stream)
+    if is_torch(x) and x.device.type == "cuda":
+        import torch
+
+        return torch.cuda.current_stream(x.device).cuda_stream
+    return None
+
+
+def _ceil_to(n, m):
+    return (n + m - 1) // m * m
+
+
+def _stored(x):
+    """The array as it will be passed (fp4 values packed to bytes)."""
+    d = describe(x)
+    return d.obj
+
+
+def shuffle_weight(src, *, layout_n=16, layout_k=16, use_int4=False, is_guinterleave=False, gate_up=False, pad_k_to=0, out=None, stream=None):
+    """AITER shuffle_weight (F1/F2). `src` [..., N, K] in storage elements (fp4: uint8 bytes)."""
+    src = _stored(src)
+    k = src.shape[-1]
+    if out is None:
+        kp = _ceil_to(k, pad_k_to) if pad_k_to and pad_k_to > 0 else k
+        out = _empty_like(src, tuple(src.shape[:-1]) + (kp,))
+    s, d = describe(src, "src"), describe(out, "dst", writable=True)
+    args = _abi.ShuffleWeightArgs(src=ptr(s), dst=ptr(d), layout_n=layout_n, layout_k=layout_k, use_int4=int(use_int4), is_guinterleave=int(is_guinterleave), gate_up=int(gate_up), pad_k_to=pad_k_to)
+    _check(_lib().moeplug_shuffle_weight(ctypes.byref(args), _stream_of(src, stream)))
+    return out
+
+
+def shuffle_scale(src, *, num_experts=0, is_guinterleave=False, gate_up=False, out=None, stream=None):
+    """AITER shuffle_scale / e8m0_shuffle (F3/F4); fp32 scales are copied through."""
+    src = as_array(src)
+    if out is None:
+        m, n = src.shape[-2], src.shape[-1]
+        if str(src.dtype).endswith("float32"):
+            shape = src.shape
+        elif is_guinterleave:
+            shape = (m, _ceil_to(n, 8))
+        else:
+            shape = (_ceil_to(m, 256), _ceil_to(n, 8))
+        out = _empty_like(src, shape)
+    s, d = describe(src, "src"), describe(out, "dst", writable=True)
+    args = _abi.ShuffleScaleArgs(src=ptr(s), dst=ptr(d), num_experts=num_experts, is_guinterleave=int(is_guinterleave), gate_up=int(gate_up))
+    _check(_lib().moeplug_shuffle_scale(ctypes.byref(args), _stream_of(src, stream)))
+    return out
+
+
+def pad_weights(src, *, rows, cols=None, gate_up=False, fill=0, out=None, stream=None):
+    """Zero padding [E, N, K] -> [E, rows, cols] (or [E, N] biases -> [E, rows])."""
+    src = _stored(src)
+    if out is None:
+        shape = (src.shape[0], rows) if src.ndim == 2 else (src.shape[0], rows, cols if cols is not None else src.shape[-1])
+        out = _empty_like(src, shape)
+    s, d = describe(src, "src"), describe(out, "dst", writable=True)
+    args = _abi.PadWeightsArgs(src=ptr(s), dst=ptr(d), gate_up=int(gate_up), fill=float(fill))
+    _check(_lib().moeplug_pad_weights(ctypes.byref(args), _stream_of(src, stream)))
+    return out
+
+
+def swizzle_scale(src, *, layout="cdna4", out=None, stream=None):
+    """[E, N, K/32] e8m0 -> the CDNA4 MX scale layout, memory image [E, ⌈N/32⌉, ⌈K/32/8⌉·8·32]."""
+    from . import SCALE_LAYOUTS
+
+    src = as_array(src)
+    if out is None:
+        e, n, ks = src.shape
+        out = _empty_like(src, (e, _ceil_to(n, 32) // 32, _ceil_to(ks, 8) * 32))
+    s, d = describe(src, "src"), describe(out, "dst", writable=True)
+    args = _abi.SwizzleScaleArgs(src=ptr(s), dst=ptr(d), layout=_enum(SCALE_LAYOUTS, layout, "layout"))
+    _check(_lib().moeplug_swizzle_scale(ctypes.byref(args), _stream_of(src, stream)))
+    return out
+
+
+_MX_FORMATS = {"mxfp4": (6, None), "mxfp8": (7, "float8_e4m3fn"), "mxfp8_fnuz": (7, "float8_e4m3fnuz")}
+
+
+def quantize_mx(x, *, fmt="mxfp4", round_mode="up", shuffle_scale=False, stream=None):
+    """bf16/fp32 [..., K] -> (q, scale): MXFP4 packed uint8 [..., K/2] or MXFP8 fp8 [..., K];
+    e8m0 scales [rows, K/32] (AITER e8m0_shuffle layout when shuffle_scale)."""
+    from . import ROUND_MODES
+
+    x = as_array(x)
+    if fmt not in _MX_FORMATS:
+        raise ValueError(f"fmt: expected one of {', '.join(_MX_FORMATS)}, got {fmt!r}")
+    code, fp8 = _MX_FORMATS[fmt]
+    k = x.shape[-1]
+    rows = int(np.prod(x.shape[:-1])) if x.ndim > 1 else 1
+    if is_torch(x):
+        import torch
+
+        qdtype = torch.uint8 if fp8 is None else getattr(torch, fp8)
+        sdtype = torch.uint8
+    else:
+        import ml_dtypes
+
+        qdtype = np.uint8 if fp8 is None else getattr(ml_dtypes, fp8)
+        sdtype = ml_dtypes.float8_e8m0fnu
+    q = _empty_like(x, tuple(x.shape[:-1]) + ((k // 2) if fp8 is None else k,), qdtype)
+    sshape = (_ceil_to(rows, 256), _ceil_to(max(k // 32, 1), 8)) if shuffle_scale else (rows, k // 32)
+    scale = _empty_like(x, sshape, sdtype)
+    s, dq, ds = describe(x, "src"), describe(q, "dst_q", writable=True), describe(scale, "dst_scale", writable=True)
+    args = _abi.QuantizeMxArgs(src=ptr(s), dst_q=ptr(dq), dst_scale=ptr(ds), format=code, round_mode=_enum(ROUND_MODES, round_mode, "round_mode"), shuffle_scale=int(shuffle_scale))
+    _check(_lib().moeplug_quantize_mx(ctypes.byref(args), _stream_of(x, stream)))
+    return q, scale
+
+
+@dataclass
+class Prepared:
+    """Kernel-ready weights and the layout record that describes them."""
+
+    layout: _abi.Layout
+    w13: object
+    w2: object
+    w13_scale: object = None
+    w2_scale: object = None
+    w13_bias: object = None
+    w2_bias: object = None
+    info: dict = field(default_factory=dict)
+
+
+def _prepare_args(w13, w2, weight_format, w13_scale, w2_scale, w13_bias, w2_bias, gate_mode_in, device, config, keep):
+    from . import ACT_DTYPES, GATE_MODES, WEIGHT_FORMATS, parse_device
+
+    dev_type, dev_id = parse_device(device if device is not None else (w13.device if is_torch(w13) else "cpu"))
+    ins = {"w13": w13, "w13_scale": w13_scale, "w13_bias": w13_bias, "w2": w2, "w2_scale": w2_scale, "w2_bias": w2_bias}
+    described = {k: describe(v, k) for k, v in ins.items()}
+    keep.extend(described.values())
+    unknown = set(config) - {"act_dtype", "hidden_align", "intermediate_align"}
+    if unknown:
+        raise TypeError(f"prepare_moe: unknown keyword(s) {', '.join(sorted(unknown))}")
+    args = _abi.PrepareMoeArgs(
+        weight_format=_enum(WEIGHT_FORMATS, weight_format, "weight_format"),
+        gate_mode_in=_enum(GATE_MODES, gate_mode_in, "gate_mode_in"),
+        device_type=dev_type,
+        device_id=dev_id,
+        act_dtype=_enum(ACT_DTYPES, config.get("act_dtype"), "act_dtype"),
+        hidden_align=int(config.get("hidden_align", 0)),
+        intermediate_align=int(config.get("intermediate_align", 0)),
+    )
+    for k, d in described.items():
+        setattr(args, k, ptr(d))
+    return args, described
+
+
+def prepare_moe(w13, w2, *, weight_format, w13_scale=None, w2_scale=None, w13_bias=None, w2_bias=None, gate_mode_in="separated", device=None, stream=None, **config):
+    """Pad, re-order, shuffle and swizzle checkpoint weights for a target; returns Prepared."""
+    keep = []
+    args, described = _prepare_args(w13, w2, weight_format, w13_scale, w2_scale, w13_bias, w2_bias, gate_mode_in, device, config, keep)
+    sizes = _abi.PrepareMoeSizes()
+    _check(_lib().moeplug_prepare_moe_sizes(ctypes.byref(args), ctypes.byref(sizes)))
+    outs = {}
+    for name in _abi.PREPARED_OUTPUTS:
+        ndim = getattr(sizes, name + "_ndim")
+        src = described[name]
+        if ndim == 0 or src is None:
+            outs[name] = None
+            continue
+        shape = tuple(getattr(sizes, name + "_shape")[:ndim])
+        outs[name] = _empty_like(src.obj, shape)
+        d = describe(outs[name], "out_" + name, writable=True)
+        keep.append(d)
+        setattr(args, "out_" + name, ptr(d))
+    layout = _abi.Layout()
+    args.out_layout = ctypes.pointer(layout)
+    _check(_lib().moeplug_prepare_moe(ctypes.byref(args), _stream_of(w13, stream)))
+    return Prepared(layout=layout, **outs)
+
+
+def _fused_args(hidden_states, prepared, topk_weights, topk_ids, activation, alpha, limit, act_dtype, router_weight_on_input, expert_mask, num_local_tokens, out, hidden_scale, keep):
+    from . import ACT_DTYPES, ACTIVATIONS
+
+    tensors = {
+        "hidden_states": hidden_states,
+        "hidden_scale": hidden_scale,
+        "w13": prepared.w13,
+        "w13_scale": prepared.w13_scale,
+        "w13_bias": prepared.w13_bias,
+        "w2": prepared.w2,
+        "w2_scale": prepared.w2_scale,
+        "w2_bias": prepared.w2_bias,
+        "topk_weights": topk_weights,
+        "topk_ids": topk_ids,
+        "expert_mask": expert_mask,
+        "num_local_tokens": num_local_tokens,
+        "output": out,
+    }
+    args = _abi.FusedMoeArgs(
+        layout=ctypes.pointer(prepared.layout),
+        activation=_enum(ACTIVATIONS, activation, "activation"),
+        alpha=float(alpha),
+        limit=float(limit),
+        act_dtype=_enum(ACT_DTYPES, act_dtype, "act_dtype"),
+        flags=(1 << 3) if router_weight_on_input else 0,
+    )
+    for k, v in tensors.items():
+        d = describe(v, k, writable=(k == "output"))
+        keep.append(d)
+        setattr(args, k, ptr(d))
+    return args
+
+
+def fused_moe(hidden_states, prepared, topk_weights, topk_ids, *, activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, expert_mask=None, num_local_tokens=None, hidden_scale=None, out=None, workspace=None, stream=None):
+    """out[t] = Σ_s w[t,s] · act(x_t W13[e]ᵀ + b13) W2[e]ᵀ + b2 (API.md §6); returns `out`."""
+    hidden_states = as_array(hidden_states)
+    if out is None:
+        out = _empty_like(hidden_states, hidden_states.shape)
+    keep = []
+    args = _fused_args(hidden_states, prepared, as_array(topk_weights), as_array(topk_ids), activation, alpha, limit, act_dtype, router_weight_on_input, as_array(expert_mask), as_array(num_local_tokens), out, as_array(hidden_scale), keep)
+    args.stream = _stream_of(hidden_states, stream)
+    if workspace is None:
+        need = ctypes.c_size_t(0)
+        _check(_lib().moeplug_fused_moe_workspace_size(ctypes.byref(args), ctypes.byref(need)))
+        if need.value:
+            workspace = _empty_like(hidden_states, (need.value,), _byte_dtype(hidden_states))
+    if workspace is not None:
+        d = describe(workspace, "workspace", writable=True)
+        keep.append(d)
+        args.workspace = ptr(d)
+    _check(_lib().moeplug_fused_moe(ctypes.byref(args)))
+    return out
+
+
+def _byte_dtype(ref):
+    if is_torch(ref):
+        import torch
+
+        return torch.uint8
+    return np.uint8
+
+
+def check_fused_moe(prepared_or_layout, *, device="cpu", activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, bias=None, expert_mask=False, num_local_tokens=False):
+    """Raise MoeplugError(UNSUPPORTED, reason) unless `device` can run this configuration."""
+    from . import ACT_DTYPES, ACTIVATIONS, parse_device
+
+    layout = prepared_or_layout.layout if isinstance(prepared_or_layout, Prepared) else prepared_or_layout
+    dummy = _abi.Tensor()  # only presence matters for the check
+    args = _abi.FusedMoeArgs(
+        layout=ctypes.pointer(layout),
+        activation=_enum(ACTIVATIONS, activation, "activation"),
+        alpha=float(alpha),
+        limit=float(limit),
+        act_dtype=_enum(ACT_DTYPES, act_dtype, "act_dtype"),
+        flags=(1 << 3) if router_weight_on_input else 0,
+    )
+    if expert_mask:
+        args.expert_mask = ctypes.pointer(dummy)
+    if num_local_tokens:
+        args.num_local_tokens = ctypes.pointer(dummy)
+    dev_type, dev_id = parse_device(device)
+    _check(_lib().moeplug_check_fused_moe(dev_type, dev_id, ctypes.byref(args)))

@@ -1,0 +1,656 @@
+//! `prepare_moe`: checkpoint MoE weights → the layout a target's kernels read, in one pass
+//! per tensor (pad + gate/up re-order + shuffle fused through row sources).
+//!
+//! Target here: the CPU backend, which reads AITER's SEPARATED-standard pairing
+//! (LAYOUTS.md §9): `w13` rows `[gate(I_pad); up(I_pad)]`, weights F1 (16, 16), MX scales F3
+//! (`e8m0_shuffle`, 2-D `[⌈E·N/256⌉·256, ⌈K/32/8⌉·8]`), fp32 scales and biases plain.
+//! Every padded element (weights, scales, biases) is zero; F3 padding bytes are 0x00.
+//!
+//! [`plan`] checks shapes and returns the output shapes and the layout record; [`prepare_host`]
+//! fills caller buffers. Both are pure functions over host byte slices (fp32 as native
+//! little-endian bytes), usable from Rust tests as well as from the C surface.
+
+use super::rows::{f3_shuffle, tile_transpose, write_rows};
+use super::scale::{f3_shape, F3_PAD};
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::tensor::format_shape;
+use crate::types::{GateMode, ScaleLayout, WeightFormat, WeightLayout};
+
+/// Inputs of a preparation, by shape (storage elements: the last dimension of packed fp4
+/// counts bytes). Scales and biases are `None` when absent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrepareSpec {
+    pub format: WeightFormat,
+    /// Row order of the checkpoint `w13`.
+    pub gate_mode_in: GateMode,
+    /// Alignment of the padded sizes; 0 → [`WeightFormat::default_alignment`]. The value used
+    /// is the least common multiple with what the F1 layout needs (see [`plan`]).
+    pub hidden_align: usize,
+    pub intermediate_align: usize,
+    /// `[E, 2I, H]` (fp4: `[E, 2I, H/2]` bytes).
+    pub w13: Vec<usize>,
+    /// `[E, H, I]` (fp4: `[E, H, I/2]`).
+    pub w2: Vec<usize>,
+    pub w13_scale: Option<Vec<usize>>,
+    pub w2_scale: Option<Vec<usize>>,
+    /// fp32 `[E, 2I]`.
+    pub w13_bias: Option<Vec<usize>>,
+    /// fp32 `[E, H]`.
+    pub w2_bias: Option<Vec<usize>>,
+}
+
+/// How the scales of a format look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleKind {
+    /// bf16 / fp16: no scales.
+    None,
+    /// e8m0 per 1×32 along K: `[E, N, K/32]` or `[E·N, K/32]`; output F3-shuffled.
+    Mx,
+    /// fp32 per expert: `[E]` or `[E, 1]`; copied.
+    PerTensor,
+    /// fp32 per output row: `[E, N]` or `[E, N, 1]`; re-ordered and padded.
+    PerChannel,
+    /// fp32 per 128×128 block: `[E, N/128, ⌈K/128⌉]`; re-ordered and padded.
+    Block128,
+}
+
+impl ScaleKind {
+    pub fn of(format: WeightFormat) -> ScaleKind {
+        match format {
+            WeightFormat::Bf16 | WeightFormat::Fp16 => ScaleKind::None,
+            WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => ScaleKind::Mx,
+            WeightFormat::Fp8PerTensor => ScaleKind::PerTensor,
+            WeightFormat::Fp8PerChannel => ScaleKind::PerChannel,
+            WeightFormat::Fp8Block128 => ScaleKind::Block128,
+        }
+    }
+    /// Bytes of one scale element.
+    pub fn elem_size(self) -> usize {
+        match self {
+            ScaleKind::Mx => 1,
+            _ => 4,
+        }
+    }
+}
+
+/// Bytes of one storage element of the weights of `format` (fp4x2: one byte = 2 values).
+pub fn weight_elem_size(format: WeightFormat) -> usize {
+    match format {
+        WeightFormat::Bf16 | WeightFormat::Fp16 => 2,
+        _ => 1,
+    }
+}
+
+/// Logical values per storage element along K (2 for packed fp4).
+fn values_per_elem(format: WeightFormat) -> usize {
+    if format == WeightFormat::Mxfp4 {
+        2
+    } else {
+        1
+    }
+}
+
+/// The outcome of [`plan`]: output shapes (storage elements) and the layout record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedShapes {
+    pub layout: Layout,
+    pub w13: Vec<usize>,
+    pub w2: Vec<usize>,
+    pub w13_scale: Option<Vec<usize>>,
+    pub w2_scale: Option<Vec<usize>>,
+    pub w13_bias: Option<Vec<usize>>,
+    pub w2_bias: Option<Vec<usize>>,
+    /// Bytes of one weight storage element and one scale element.
+    pub weight_elem_size: usize,
+    pub scale_kind: ScaleKind,
+    /// The checkpoint's shapes, as given.
+    pub spec: PrepareSpec,
+}
+
+fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+impl PreparedShapes {
+    pub fn w13_bytes(&self) -> usize {
+        numel(&self.w13) * self.weight_elem_size
+    }
+    pub fn w2_bytes(&self) -> usize {
+        numel(&self.w2) * self.weight_elem_size
+    }
+    pub fn w13_scale_bytes(&self) -> usize {
+        self.w13_scale
+            .as_ref()
+            .map_or(0, |s| numel(s) * self.scale_kind.elem_size())
+    }
+    pub fn w2_scale_bytes(&self) -> usize {
+        self.w2_scale
+            .as_ref()
+            .map_or(0, |s| numel(s) * self.scale_kind.elem_size())
+    }
+    pub fn w13_bias_bytes(&self) -> usize {
+        self.w13_bias.as_ref().map_or(0, |s| numel(s) * 4)
+    }
+    pub fn w2_bias_bytes(&self) -> usize {
+        self.w2_bias.as_ref().map_or(0, |s| numel(s) * 4)
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    a / gcd(a, b) * b
+}
+
+fn shape_err(name: &str, want: &[&[usize]], got: &[usize]) -> Error {
+    let wants: Vec<String> = want.iter().map(|w| format_shape(w)).collect();
+    Error::invalid(format!(
+        "{name}: expected shape {}, got {}",
+        wants.join(" or "),
+        format_shape(got)
+    ))
+}
+
+/// Check the checkpoint shapes against the format and compute what preparation produces.
+///
+/// Sizes: E, H, I are read from `w2 [E, H, I]` and `w13 [E, 2I, H]`. The padded sizes are
+/// H and I rounded up to `lcm(align, layout minimum)`, where align is the field or the
+/// format's default (256 MX, 128 FP8_BLOCK128, 1 else) and the layout minimum is what F1
+/// (16, 16) needs of a K dimension (32 storage elements: 64 values for packed fp4), and 128
+/// for FP8_BLOCK128 scales.
+pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
+    let format = spec.format;
+    let kind = ScaleKind::of(format);
+    let vpe = values_per_elem(format);
+    let (w13, w2) = (&spec.w13, &spec.w2);
+    if w13.len() != 3 {
+        crate::bail!(
+            invalid,
+            "w13: expected 3 dimensions [E, 2I, H], got shape {}",
+            format_shape(w13)
+        );
+    }
+    if w2.len() != 3 {
+        crate::bail!(
+            invalid,
+            "w2: expected 3 dimensions [E, H, I], got shape {}",
+            format_shape(w2)
+        );
+    }
+    let (e, h) = (w2[0], w2[1]);
+    let i = w2[2] * vpe;
+    if e == 0 || h == 0 || i == 0 {
+        crate::bail!(
+            invalid,
+            "w2: expected non-zero dimensions [E, H, I], got shape {}",
+            format_shape(w2)
+        );
+    }
+    let w13_want = [e, 2 * i, h / vpe];
+    if w13[..] != w13_want || h % vpe != 0 {
+        return Err(shape_err("w13", &[&w13_want], w13));
+    }
+    if spec.gate_mode_in == GateMode::Interleave && i % 16 != 0 {
+        crate::bail!(
+            invalid,
+            "w13: gate_mode_in interleave needs I a multiple of 16 (16-row blocks), got I = {i}"
+        );
+    }
+
+    // Padded sizes.
+    let mut layout_min = 32 * vpe;
+    if kind == ScaleKind::Block128 {
+        layout_min = lcm(layout_min, 128);
+    }
+    let align = |field: usize, name: &str| -> Result<usize> {
+        let a = if field == 0 {
+            format.default_alignment() as usize
+        } else {
+            field
+        };
+        if a > 1 << 20 {
+            crate::bail!(invalid, "{name}: expected at most 2^20, got {a}");
+        }
+        Ok(lcm(a, layout_min))
+    };
+    let h_align = align(spec.hidden_align, "hidden_align")?;
+    let i_align = align(spec.intermediate_align, "intermediate_align")?;
+    let h_pad = h.div_ceil(h_align) * h_align;
+    let i_pad = i.div_ceil(i_align) * i_align;
+
+    // Scales.
+    let (w13_scale, w2_scale) = match kind {
+        ScaleKind::None => {
+            for (name, s) in [("w13_scale", &spec.w13_scale), ("w2_scale", &spec.w2_scale)] {
+                if s.is_some() {
+                    crate::bail!(
+                        invalid,
+                        "{name}: must be NULL for weight_format {} (no scales)",
+                        format.label()
+                    );
+                }
+            }
+            (None, None)
+        }
+        _ => {
+            let need = |name: &str, s: &Option<Vec<usize>>| -> Result<Vec<usize>> {
+                s.clone().ok_or_else(|| {
+                    Error::invalid(format!(
+                        "{name}: required for weight_format {}",
+                        format.label()
+                    ))
+                })
+            };
+            let s13 = need("w13_scale", &spec.w13_scale)?;
+            let s2 = need("w2_scale", &spec.w2_scale)?;
+            match kind {
+                ScaleKind::Mx => {
+                    if h % 32 != 0 || i % 32 != 0 {
+                        crate::bail!(
+                            invalid,
+                            "w13: MX formats need H and I multiples of 32, got H = {h}, I = {i}"
+                        );
+                    }
+                    let check = |name: &str, s: &[usize], n: usize, k: usize| -> Result<()> {
+                        let a = [e, n, k / 32];
+                        let b = [e * n, k / 32];
+                        if s != a && s != b {
+                            return Err(shape_err(name, &[&a, &b], s));
+                        }
+                        Ok(())
+                    };
+                    check("w13_scale", &s13, 2 * i, h)?;
+                    check("w2_scale", &s2, h, i)?;
+                    (
+                        Some(f3_shape(e * 2 * i_pad, h_pad / 32).to_vec()),
+                        Some(f3_shape(e * h_pad, i_pad / 32).to_vec()),
+                    )
+                }
+                ScaleKind::PerTensor => {
+                    for (name, s) in [("w13_scale", &s13), ("w2_scale", &s2)] {
+                        if s[..] != [e] && s[..] != [e, 1] {
+                            return Err(shape_err(name, &[&[e], &[e, 1]], s));
+                        }
+                    }
+                    (Some(s13), Some(s2))
+                }
+                ScaleKind::PerChannel => {
+                    let check = |name: &str, s: &[usize], n: usize, n_pad: usize| {
+                        if s == [e, n] {
+                            Ok(vec![e, n_pad])
+                        } else if s == [e, n, 1] {
+                            Ok(vec![e, n_pad, 1])
+                        } else {
+                            Err(shape_err(name, &[&[e, n], &[e, n, 1]], s))
+                        }
+                    };
+                    (
+                        Some(check("w13_scale", &s13, 2 * i, 2 * i_pad)?),
+                        Some(check("w2_scale", &s2, h, h_pad)?),
+                    )
+                }
+                ScaleKind::Block128 => {
+                    if i % 128 != 0 {
+                        crate::bail!(
+                            invalid,
+                            "w13_scale: fp8_block128 needs I a multiple of 128 so that no \
+                             128-row block mixes gate and up rows, got I = {i}"
+                        );
+                    }
+                    if spec.gate_mode_in != GateMode::Separated {
+                        crate::bail!(
+                            invalid,
+                            "gate_mode_in: fp8_block128 scales can only be re-ordered from \
+                             separated rows (a 128-row block of {} rows mixes gate and up), got {}",
+                            spec.gate_mode_in.label(),
+                            spec.gate_mode_in.label()
+                        );
+                    }
+                    let a13 = [e, 2 * i / 128, h.div_ceil(128)];
+                    if s13 != a13 {
+                        return Err(shape_err("w13_scale", &[&a13], &s13));
+                    }
+                    let a2 = [e, h.div_ceil(128), i / 128];
+                    if s2 != a2 {
+                        return Err(shape_err("w2_scale", &[&a2], &s2));
+                    }
+                    (
+                        Some(vec![e, 2 * i_pad / 128, h_pad / 128]),
+                        Some(vec![e, h_pad / 128, i_pad / 128]),
+                    )
+                }
+                ScaleKind::None => unreachable!(),
+            }
+        }
+    };
+
+    // Biases.
+    let w13_bias = match &spec.w13_bias {
+        None => None,
+        Some(s) if s[..] == [e, 2 * i] => Some(vec![e, 2 * i_pad]),
+        Some(s) => return Err(shape_err("w13_bias", &[&[e, 2 * i]], s)),
+    };
+    let w2_bias = match &spec.w2_bias {
+        None => None,
+        Some(s) if s[..] == [e, h] => Some(vec![e, h_pad]),
+        Some(s) => return Err(shape_err("w2_bias", &[&[e, h]], s)),
+    };
+
+    let layout = Layout {
+        weight_format: format,
+        gate_mode: GateMode::Separated,
+        weight_layout: WeightLayout::Aiter16x16,
+        scale_layout: format.is_mx().then_some(ScaleLayout::AiterE8m0),
+        num_experts: e,
+        hidden_size: h,
+        intermediate_size: i,
+        hidden_padded: h_pad,
+        intermediate_padded: i_pad,
+        has_bias: w13_bias.is_some() || w2_bias.is_some(),
+    };
+    Ok(PreparedShapes {
+        layout,
+        w13: vec![e, 2 * i_pad, h_pad / vpe],
+        w2: vec![e, h_pad, i_pad / vpe],
+        w13_scale,
+        w2_scale,
+        w13_bias,
+        w2_bias,
+        weight_elem_size: weight_elem_size(format),
+        scale_kind: kind,
+        spec: spec.clone(),
+    })
+}
+
+/// Physical row of the checkpoint `w13` that holds row `j` of half `g` (0 gate, 1 up), for
+/// `inter` rows per half.
+#[inline]
+pub fn w13_source_row(mode: GateMode, g: usize, j: usize, inter: usize) -> usize {
+    match mode {
+        GateMode::Separated => g * inter + j,
+        GateMode::Interleave => (j / 16) * 32 + g * 16 + j % 16,
+        GateMode::InterleaveRows => 2 * j + g,
+    }
+}
+
+/// Row source for a gate/up tensor of `e` experts with `inter` rows per half, padded to
+/// `inter_pad` per half and re-ordered from `mode` to SEPARATED. Physical output rows beyond
+/// `e · 2 · inter_pad` (F3 row padding) are `None` too.
+fn gate_up_rows<'a>(
+    src: &'a [u8],
+    row_bytes: usize,
+    e: usize,
+    inter: usize,
+    inter_pad: usize,
+    mode: GateMode,
+) -> impl Fn(usize) -> Option<&'a [u8]> + Sync + 'a {
+    move |p: usize| {
+        let (x, q) = (p / (2 * inter_pad), p % (2 * inter_pad));
+        let (g, j) = (q / inter_pad, q % inter_pad);
+        if x >= e || j >= inter {
+            return None;
+        }
+        let start = (x * 2 * inter + w13_source_row(mode, g, j, inter)) * row_bytes;
+        Some(&src[start..start + row_bytes])
+    }
+}
+
+/// Row source for a tensor of `e` experts with `n` rows each, padded to `n_pad` rows.
+fn padded_rows<'a>(
+    src: &'a [u8],
+    row_bytes: usize,
+    e: usize,
+    n: usize,
+    n_pad: usize,
+) -> impl Fn(usize) -> Option<&'a [u8]> + Sync + 'a {
+    move |p: usize| {
+        let (x, q) = (p / n_pad, p % n_pad);
+        if x >= e || q >= n {
+            return None;
+        }
+        let start = (x * n + q) * row_bytes;
+        Some(&src[start..start + row_bytes])
+    }
+}
+
+/// Host buffers of a preparation's inputs (raw bytes, fp32 little-endian).
+#[derive(Debug, Clone, Copy)]
+pub struct PrepareInputs<'a> {
+    pub w13: &'a [u8],
+    pub w2: &'a [u8],
+    pub w13_scale: Option<&'a [u8]>,
+    pub w2_scale: Option<&'a [u8]>,
+    pub w13_bias: Option<&'a [u8]>,
+    pub w2_bias: Option<&'a [u8]>,
+}
+
+/// Caller buffers for the outputs, of the sizes [`PreparedShapes`] reports.
+#[derive(Debug)]
+pub struct PrepareOutputs<'a> {
+    pub w13: &'a mut [u8],
+    pub w2: &'a mut [u8],
+    pub w13_scale: Option<&'a mut [u8]>,
+    pub w2_scale: Option<&'a mut [u8]>,
+    pub w13_bias: Option<&'a mut [u8]>,
+    pub w2_bias: Option<&'a mut [u8]>,
+}
+
+fn check_len(name: &str, what: &str, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        crate::bail!(
+            invalid,
+            "{name}: expected {want} bytes of {what}, got {got}"
+        );
+    }
+    Ok(())
+}
+
+fn pair<'a, 'b>(
+    name: &str,
+    src: Option<&'a [u8]>,
+    dst: Option<&'b mut [u8]>,
+    present: bool,
+) -> Result<Option<(&'a [u8], &'b mut [u8])>> {
+    match (present, src, dst) {
+        (false, None, None) => Ok(None),
+        (true, Some(s), Some(d)) => Ok(Some((s, d))),
+        (false, _, _) => Err(Error::invalid(format!(
+            "{name}: given, but the plan has no such tensor"
+        ))),
+        (true, None, _) => Err(Error::invalid(format!("{name}: input required"))),
+        (true, _, None) => Err(Error::invalid(format!("out_{name}: required"))),
+    }
+}
+
+/// Fill `out` from `inp` as planned by [`plan`].
+pub fn prepare_host(
+    shapes: &PreparedShapes,
+    inp: PrepareInputs<'_>,
+    out: PrepareOutputs<'_>,
+) -> Result<()> {
+    let l = &shapes.layout;
+    let spec = &shapes.spec;
+    let (e, h, i, h_pad, i_pad) = (
+        l.num_experts,
+        l.hidden_size,
+        l.intermediate_size,
+        l.hidden_padded,
+        l.intermediate_padded,
+    );
+    let es = shapes.weight_elem_size;
+    let vpe = values_per_elem(l.weight_format);
+    let mode = spec.gate_mode_in;
+
+    check_len("w13", "input", inp.w13.len(), numel(&spec.w13) * es)?;
+    check_len("w2", "input", inp.w2.len(), numel(&spec.w2) * es)?;
+    check_len("out_w13", "output", out.w13.len(), shapes.w13_bytes())?;
+    check_len("out_w2", "output", out.w2.len(), shapes.w2_bytes())?;
+    let s13 = pair(
+        "w13_scale",
+        inp.w13_scale,
+        out.w13_scale,
+        shapes.w13_scale.is_some(),
+    )?;
+    let s2 = pair(
+        "w2_scale",
+        inp.w2_scale,
+        out.w2_scale,
+        shapes.w2_scale.is_some(),
+    )?;
+    let b13 = pair(
+        "w13_bias",
+        inp.w13_bias,
+        out.w13_bias,
+        shapes.w13_bias.is_some(),
+    )?;
+    let b2 = pair(
+        "w2_bias",
+        inp.w2_bias,
+        out.w2_bias,
+        shapes.w2_bias.is_some(),
+    )?;
+    let ses = shapes.scale_kind.elem_size();
+    if let Some((s, d)) = &s13 {
+        check_len(
+            "w13_scale",
+            "input",
+            s.len(),
+            numel(spec.w13_scale.as_ref().unwrap()) * ses,
+        )?;
+        check_len("out_w13_scale", "output", d.len(), shapes.w13_scale_bytes())?;
+    }
+    if let Some((s, d)) = &s2 {
+        check_len(
+            "w2_scale",
+            "input",
+            s.len(),
+            numel(spec.w2_scale.as_ref().unwrap()) * ses,
+        )?;
+        check_len("out_w2_scale", "output", d.len(), shapes.w2_scale_bytes())?;
+    }
+    if let Some((s, d)) = &b13 {
+        check_len("w13_bias", "input", s.len(), e * 2 * i * 4)?;
+        check_len("out_w13_bias", "output", d.len(), shapes.w13_bias_bytes())?;
+    }
+    if let Some((s, d)) = &b2 {
+        check_len("w2_bias", "input", s.len(), e * h * 4)?;
+        check_len("out_w2_bias", "output", d.len(), shapes.w2_bias_bytes())?;
+    }
+
+    // Weights: pad + re-order + F1 (16, 16) in one pass.
+    let rows13 = gate_up_rows(inp.w13, h / vpe * es, e, i, i_pad, mode);
+    tile_transpose(out.w13, h_pad / vpe * es, 16, 16, &rows13);
+    let rows2 = padded_rows(inp.w2, i / vpe * es, e, h, h_pad);
+    tile_transpose(out.w2, i_pad / vpe * es, 16, 16, &rows2);
+
+    // Scales.
+    match shapes.scale_kind {
+        ScaleKind::None => {}
+        ScaleKind::Mx => {
+            let (s, d) = s13.unwrap();
+            let rows = gate_up_rows(s, h / 32, e, i, i_pad, mode);
+            f3_shuffle(
+                d,
+                shapes.w13_scale.as_ref().unwrap()[1],
+                &rows,
+                F3_PAD,
+                F3_PAD,
+            );
+            let (s, d) = s2.unwrap();
+            let rows = padded_rows(s, i / 32, e, h, h_pad);
+            f3_shuffle(
+                d,
+                shapes.w2_scale.as_ref().unwrap()[1],
+                &rows,
+                F3_PAD,
+                F3_PAD,
+            );
+        }
+        ScaleKind::PerTensor => {
+            let (s, d) = s13.unwrap();
+            d.copy_from_slice(s);
+            let (s, d) = s2.unwrap();
+            d.copy_from_slice(s);
+        }
+        ScaleKind::PerChannel => {
+            let (s, d) = s13.unwrap();
+            write_rows(d, 4, &gate_up_rows(s, 4, e, i, i_pad, mode), &[0; 4]);
+            let (s, d) = s2.unwrap();
+            write_rows(d, 4, &padded_rows(s, 4, e, h, h_pad), &[0; 4]);
+        }
+        ScaleKind::Block128 => {
+            // Rows are 128-row blocks; gate_mode_in is SEPARATED (checked by plan).
+            let (cols_in, cols_out) = (h.div_ceil(128) * 4, h_pad / 128 * 4);
+            let (s, d) = s13.unwrap();
+            let rows = gate_up_rows(s, cols_in, e, i / 128, i_pad / 128, GateMode::Separated);
+            write_rows(d, cols_out, &rows, &[0; 4]);
+            let (cols_in, cols_out) = (i / 128 * 4, i_pad / 128 * 4);
+            let (s, d) = s2.unwrap();
+            let rows = padded_rows(s, cols_in, e, h.div_ceil(128), h_pad / 128);
+            write_rows(d, cols_out, &rows, &[0; 4]);
+        }
+    }
+
+    // Biases: re-ordered like the rows they belong to.
+    if let Some((s, d)) = b13 {
+        write_rows(d, 4, &gate_up_rows(s, 4, e, i, i_pad, mode), &[0; 4]);
+    }
+    if let Some((s, d)) = b2 {
+        write_rows(d, h_pad * 4, &padded_rows(s, h * 4, e, 1, 1), &[0; 4]);
+    }
+    Ok(())
+}
+
+/// Owned outputs of [`prepare_vecs`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PreparedBuffers {
+    pub w13: Vec<u8>,
+    pub w2: Vec<u8>,
+    pub w13_scale: Option<Vec<u8>>,
+    pub w2_scale: Option<Vec<u8>>,
+    pub w13_bias: Option<Vec<u8>>,
+    pub w2_bias: Option<Vec<u8>>,
+}
+
+/// [`plan`] + [`prepare_host`] into freshly allocated buffers (tests, demos).
+pub fn prepare_vecs(
+    spec: &PrepareSpec,
+    inp: PrepareInputs<'_>,
+) -> Result<(PreparedShapes, PreparedBuffers)> {
+    let shapes = plan(spec)?;
+    let alloc = |n: usize, present: bool| present.then(|| vec![0u8; n]);
+    let mut b = PreparedBuffers {
+        w13: vec![0; shapes.w13_bytes()],
+        w2: vec![0; shapes.w2_bytes()],
+        w13_scale: alloc(shapes.w13_scale_bytes(), shapes.w13_scale.is_some()),
+        w2_scale: alloc(shapes.w2_scale_bytes(), shapes.w2_scale.is_some()),
+        w13_bias: alloc(shapes.w13_bias_bytes(), shapes.w13_bias.is_some()),
+        w2_bias: alloc(shapes.w2_bias_bytes(), shapes.w2_bias.is_some()),
+    };
+    prepare_host(
+        &shapes,
+        inp,
+        PrepareOutputs {
+            w13: &mut b.w13,
+            w2: &mut b.w2,
+            w13_scale: b.w13_scale.as_deref_mut(),
+            w2_scale: b.w2_scale.as_deref_mut(),
+            w13_bias: b.w13_bias.as_deref_mut(),
+            w2_bias: b.w2_bias.as_deref_mut(),
+        },
+    )?;
+    Ok((shapes, b))
+}
+
+/// View fp32 values as their native bytes (inputs of [`prepare_host`]).
+pub fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding or invalid bit patterns; u8 has alignment 1.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
