@@ -6,6 +6,7 @@ pub mod args;
 mod moe;
 pub mod panic;
 mod prep;
+pub use self::prep::*;
 pub mod types;
 
 use libc::c_char;

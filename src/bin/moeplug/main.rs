@@ -1,4 +1,7 @@
-//! `moeplug info`: version, ABI and what every backend on this machine can run.
+//! The `moeplug` command: `info` (version, ABI, what every backend here can run) and `demo`
+//! (a gpt-oss-like layer prepared and run end to end, checked against float64).
+
+mod demo;
 
 use std::process::ExitCode;
 
@@ -8,7 +11,7 @@ use moeplug::types::{
     feature, ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout,
 };
 
-const USAGE: &str = "usage: moeplug <command>\n\ncommands:\n  info    version, ABI and the capabilities of every backend\n";
+const USAGE: &str = "usage: moeplug <command>\n\ncommands:\n  info    version, ABI and the capabilities of every backend\n  demo    quantize, prepare and run a gpt-oss-like MoE layer; check it against float64\n";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -17,6 +20,13 @@ fn main() -> ExitCode {
             info();
             ExitCode::SUCCESS
         }
+        Some("demo") => match demo::run() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("moeplug demo: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Some("-h") | Some("--help") | Some("help") => {
             print!("{USAGE}");
             ExitCode::SUCCESS
