@@ -288,10 +288,25 @@ fn quantize_block(
     b
 }
 
+impl<'a> MxSource<'a> {
+    /// Elements `start..start + len`.
+    fn slice(&self, start: usize, len: usize) -> MxSource<'a> {
+        match *self {
+            MxSource::F32(s) => MxSource::F32(&s[start..start + len]),
+            MxSource::Bf16(s) => MxSource::Bf16(&s[start..start + len]),
+            MxSource::F16(s) => MxSource::F16(&s[start..start + len]),
+        }
+    }
+}
+
+/// Blocks below which one thread quantizes faster than several.
+const MIN_PARALLEL_BLOCKS: usize = 1 << 14;
+
 /// AITER `per_1x32_f4_quant` (pack_dim −1) / `per_1x32_f8_scale_f8_quant` with e8m0 scales,
 /// over a row-major `[rows, k]` source: blocks of 32 along k. `q` receives `rows·k/2` packed
 /// fp4x2 bytes (low nibble = even element) for `Fp4E2m1`, else `rows·k` fp8 bytes; `scales`
-/// receives `rows·k/32` e8m0 bytes, row-major `[rows, k/32]` (unshuffled).
+/// receives `rows·k/32` e8m0 bytes, row-major `[rows, k/32]` (unshuffled). Large inputs are
+/// split over all cores (blocks are independent).
 /// Panics if `k % 32 != 0` or a slice length disagrees (callers validate first).
 pub fn quantize_mx(
     src: MxSource<'_>,
@@ -306,11 +321,35 @@ pub fn quantize_mx(
     let q_per_block = if dtype == MxDtype::Fp4E2m1 { 16 } else { 32 };
     assert_eq!(scales.len(), blocks, "scales length");
     assert_eq!(q.len(), blocks * q_per_block, "q length");
+    let threads = crate::prep::parallel::num_threads();
+    if threads <= 1 || blocks < MIN_PARALLEL_BLOCKS {
+        quantize_blocks(src, mode, dtype, q, scales);
+        return;
+    }
+    let per = blocks.div_ceil(threads);
+    std::thread::scope(|scope| {
+        let parts = scales.chunks_mut(per).zip(q.chunks_mut(per * q_per_block));
+        for (i, (s, qb)) in parts.enumerate() {
+            let part = src.slice(i * per * MX_BLOCK, s.len() * MX_BLOCK);
+            scope.spawn(move || quantize_blocks(part, mode, dtype, qb, s));
+        }
+    });
+}
+
+/// The serial loop of [`quantize_mx`] over whole blocks.
+fn quantize_blocks(
+    src: MxSource<'_>,
+    mode: crate::types::RoundMode,
+    dtype: MxDtype,
+    q: &mut [u8],
+    scales: &mut [u8],
+) {
+    let q_per_block = q.len() / scales.len().max(1);
     let mut x = [0.0f32; MX_BLOCK];
     let mut codes = [0u8; MX_BLOCK];
     for (i, (s, qb)) in scales
         .iter_mut()
-        .zip(q.chunks_exact_mut(q_per_block))
+        .zip(q.chunks_exact_mut(q_per_block.max(1)))
         .enumerate()
     {
         src.block(i * MX_BLOCK, &mut x);

@@ -136,7 +136,6 @@ pub fn run() -> Result<(), String> {
     let (e, h, i, m, k) = (EXPERTS, HIDDEN, INTER, TOKENS, TOPK);
 
     // 1. A bf16 checkpoint, quantized online to MXFP4 as engines do.
-    let t = Instant::now();
     let mut w13: Vec<bf16> = (0..e * 2 * i * h)
         .map(|_| bf16::from_f32(rng.uniform() * 0.08))
         .collect();
@@ -145,6 +144,7 @@ pub fn run() -> Result<(), String> {
         .collect();
     let mut b13: Vec<f32> = (0..e * 2 * i).map(|_| rng.uniform() * 0.1).collect();
     let mut b2: Vec<f32> = (0..e * h).map(|_| rng.uniform() * 0.1).collect();
+    let t = Instant::now();
     let (mut q13, mut s13) = quantize(&mut w13, e * 2 * i, h)?;
     let (mut q2, mut s2) = quantize(&mut w2, e * h, i)?;
     println!(
