@@ -39,7 +39,7 @@ pub struct LaunchShape {
     /// Columns of hidden_states and of output (hidden_size or hidden_padded each).
     pub hidden_cols: usize,
     pub output_cols: usize,
-    /// The weights' storage type (w13 and w2 agree).
+    /// The weights' element type, uint8 resolved (w13 and w2 agree).
     pub weight_elem: ElemType,
 }
 
@@ -55,6 +55,15 @@ pub fn weight_elems(format: WeightFormat) -> &'static [ElemType] {
         | WeightFormat::Fp8Block128
         | WeightFormat::Mxfp8 => &[T::Fp8E4m3fn, T::Fp8E4m3fnuz, T::U8],
         WeightFormat::Mxfp4 => &[T::Fp4x2, T::U8],
+    }
+}
+
+/// What a weight's bytes hold: uint8 stands for packed fp4 (MXFP4) or fp8 e4m3fn.
+pub fn canonical_weight_elem(format: WeightFormat, elem: ElemType) -> ElemType {
+    match (format, elem) {
+        (WeightFormat::Mxfp4, ElemType::U8) => ElemType::Fp4x2,
+        (_, ElemType::U8) => ElemType::Fp8E4m3fn,
+        (_, e) => e,
     }
 }
 
@@ -280,10 +289,11 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
             )));
         }
     }
-    if launch.w2.elem != launch.w13.elem {
+    let weight_elem = canonical_weight_elem(f, launch.w13.elem);
+    if canonical_weight_elem(f, launch.w2.elem) != weight_elem {
         return Err(Error::invalid(format!(
-            "w2: expected the dtype of w13 ({}), got {}",
-            launch.w13.elem.name(),
+            "w2: expected the element type of w13 ({}, or uint8 holding it), got {}",
+            weight_elem.name(),
             launch.w2.elem.name()
         )));
     }
@@ -397,6 +407,6 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
         topk,
         hidden_cols: h.dim(1),
         output_cols: out.dim(1),
-        weight_elem: launch.w13.elem,
+        weight_elem,
     })
 }
