@@ -139,13 +139,25 @@ pub fn check_record(l: &Layout) -> Result<()> {
     Ok(())
 }
 
+/// A shape as the caller spelled it: typed fp4 tensors carry the logical last dimension.
+fn caller_shape(t: &Tensor, storage: &[usize]) -> String {
+    let mut s = storage.to_vec();
+    if t.elem == ElemType::Fp4x2 {
+        if let Some(last) = s.last_mut() {
+            *last *= 2;
+        }
+    }
+    format_shape(&s)
+}
+
 fn mismatch_shape(t: &Tensor, want: &[Vec<usize>], why: &str) -> Error {
-    let wants: Vec<String> = want.iter().map(|w| format_shape(w)).collect();
+    let mut wants: Vec<String> = want.iter().map(|w| caller_shape(t, w)).collect();
+    wants.dedup();
     Error::mismatch(format!(
         "{}: expected shape {} from the layout record ({why}), got {}",
         t.name,
         wants.join(" or "),
-        t.shape_str()
+        caller_shape(t, &t.shape)
     ))
 }
 
@@ -217,11 +229,6 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
     let f = l.weight_format;
     let (e, hp, ip) = (l.num_experts, l.hidden_padded, l.intermediate_padded);
     let per = values_per_elem(f);
-    let packed = if per == 2 {
-        "/2 (packed fp4 bytes)"
-    } else {
-        ""
-    };
 
     // Activations.
     let h = &launch.hidden_states;
@@ -297,23 +304,28 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
             launch.w2.elem.name()
         )));
     }
-    expect_shape_of(
-        &launch.w13,
-        &[vec![e, 2 * ip, hp / per]],
-        &format!(
-            "E={e}, 2*intermediate_padded={}, hidden_padded{packed}={}",
+    // uint8 fp4 is given in bytes, typed fp4 in values: messages follow the caller.
+    for (w, rows, cols, what) in [
+        (
+            &launch.w13,
             2 * ip,
-            hp / per
+            hp,
+            ["2*intermediate_padded", "hidden_padded"],
         ),
-    )?;
-    expect_shape_of(
-        &launch.w2,
-        &[vec![e, hp, ip / per]],
-        &format!(
-            "E={e}, hidden_padded={hp}, intermediate_padded{packed}={}",
-            ip / per
-        ),
-    )?;
+        (&launch.w2, hp, ip, ["hidden_padded", "intermediate_padded"]),
+    ] {
+        let bytes = per == 2 && w.elem == ElemType::U8;
+        let (note, shown) = if bytes {
+            ("/2 (uint8: two fp4 values per byte)", cols / 2)
+        } else {
+            ("", cols)
+        };
+        expect_shape_of(
+            w,
+            &[vec![e, rows, cols / per]],
+            &format!("E={e}, {}={rows}, {}{note}={shown}", what[0], what[1]),
+        )?;
+    }
 
     // Scales.
     for (scale, name, rows, cols) in [
