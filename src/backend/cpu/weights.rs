@@ -146,51 +146,60 @@ impl<'a> WeightMatrix<'a> {
         for (chunk, dst) in out[..used].chunks_mut(pack_values).enumerate() {
             let at = start + chunk * stride;
             let len = dst.len().div_ceil(self.per()) * eb;
-            decode(self.elem, self.format, &self.bytes[at..at + len], dst);
             let scale = match (row_scale, self.scale) {
-                (_, Scale::None) => continue,
+                (_, Scale::None) => 1.0,
                 (Some(s), _) => s,
                 (None, _) => self.scale_at(e, n, chunk * pack_values),
             };
-            for v in dst.iter_mut() {
-                *v *= scale;
-            }
+            decode(
+                self.elem,
+                self.format,
+                &self.bytes[at..at + len],
+                dst,
+                scale,
+            );
         }
     }
 }
 
-/// Decode storage bytes into `dst.len()` values (no scale).
+/// Decode storage bytes into `dst.len()` values times `scale`.
 #[inline]
-fn decode(elem: ElemType, format: WeightFormat, src: &[u8], dst: &mut [f32]) {
+fn decode(elem: ElemType, format: WeightFormat, src: &[u8], dst: &mut [f32], scale: f32) {
     match elem {
         ElemType::Bf16 => {
             for (d, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *d = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
+                *d = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16) * scale;
             }
         }
         ElemType::F16 => {
             for (d, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *d = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                *d = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32() * scale;
             }
         }
         _ if format == WeightFormat::Mxfp4 => {
             let t = &*FP4X2;
-            for (pair, &b) in dst.chunks_mut(2).zip(src) {
+            let mut pairs = dst.chunks_exact_mut(2);
+            for (pair, &b) in (&mut pairs).zip(src) {
                 let v = t[b as usize];
-                pair.copy_from_slice(&v[..pair.len()]);
+                pair[0] = v[0] * scale;
+                pair[1] = v[1] * scale;
+            }
+            // An odd tail (a row ending inside a byte) takes the low nibble.
+            if let [last] = pairs.into_remainder() {
+                *last = t[src[src.len() - 1] as usize][0] * scale;
             }
         }
         ElemType::Fp8E4m3fnuz => {
             let t = &*FP8_FNUZ;
             for (d, &b) in dst.iter_mut().zip(src) {
-                *d = t[b as usize];
+                *d = t[b as usize] * scale;
             }
         }
         // e4m3fn, and uint8 read as e4m3fn.
         _ => {
             let t = &*FP8_FN;
             for (d, &b) in dst.iter_mut().zip(src) {
-                *d = t[b as usize];
+                *d = t[b as usize] * scale;
             }
         }
     }
