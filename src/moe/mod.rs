@@ -1,4 +1,10 @@
-//! Fused MoE semantics shared by every backend: the launch configuration.
+//! Fused MoE semantics shared by every backend: the launch configuration, the launch check,
+//! AITER's sorting, activations and activation quantization.
+
+pub mod act;
+pub(crate) mod actquant;
+pub mod check;
+pub mod sort;
 
 use crate::layout::Layout;
 use crate::types::{ActDtype, Activation};

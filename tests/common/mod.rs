@@ -70,3 +70,44 @@ pub fn exists(p: &Path) -> bool {
 
 mod prep_helpers;
 pub use prep_helpers::*;
+
+mod moe_helpers;
+pub use moe_helpers::*;
+
+/// Deterministic test randomness without a dependency (splitmix64).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.next_u64()
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+    /// Uniform in [lo, hi).
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Uniform in ±[0.1, 1)·scale: never zero.
+    pub fn nonzero(&mut self, scale: f64) -> f64 {
+        let v = self.uniform(0.1, 1.0) * scale;
+        if self.next_u64() & 1 == 0 {
+            v
+        } else {
+            -v
+        }
+    }
+    pub fn pick<C: Copy>(&mut self, items: &[C]) -> C {
+        items[self.below(items.len())]
+    }
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+}

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
+use super::Rng;
 use moeplug::capi::types::*;
 use serde_json::Value;
 
@@ -184,27 +185,6 @@ pub fn assert_bytes(got: &[u8], want: &[u8], mask: Option<&[u8]>, what: &str) {
             "{what}: {bad} bytes differ, first at {i}: got {:#04x}, want {:#04x}",
             got[i], want[i]
         );
-    }
-}
-
-/// Small deterministic PRNG (xorshift64*), so the property tests need no dependency.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())]
-    }
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
     }
 }
 

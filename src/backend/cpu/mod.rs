@@ -1,0 +1,76 @@
+//! The CPU backend: runs host tensors on the calling thread's worker pool (all cores); the
+//! embedded default and the numerical reference of every GPU kernel.
+
+mod kernel;
+pub mod weights;
+
+use std::sync::Arc;
+
+use once_cell::sync::Lazy;
+
+use super::{check_against_caps, Backend, Caps};
+use crate::error::Result;
+use crate::moe::check::{check_launch, check_record};
+use crate::moe::{MoeConfig, MoeLaunch};
+use crate::types::{
+    feature, ActDtype, Activation, BackendKind, GateMode, ScaleLayout, WeightFormat, WeightLayout,
+};
+
+pub struct CpuBackend;
+
+static CPU: Lazy<Arc<CpuBackend>> = Lazy::new(|| Arc::new(CpuBackend));
+
+pub fn backend() -> Arc<dyn Backend> {
+    CPU.clone()
+}
+
+impl Backend for CpuBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+
+    /// Everything the integration tests run (tests/moe_reference.rs, tests/moe_golden.rs).
+    fn caps(&self) -> Caps {
+        Caps {
+            backend: Some(BackendKind::Cpu),
+            arch: std::env::consts::ARCH.to_string(),
+            runtime_version: format!("{} threads", threads()),
+            weight_formats: WeightFormat::mask_of(WeightFormat::ALL),
+            act_dtypes: ActDtype::mask_of(ActDtype::ALL),
+            gate_modes: GateMode::mask_of(GateMode::ALL),
+            activations: Activation::mask_of(Activation::ALL),
+            weight_layouts: WeightLayout::mask_of(WeightLayout::ALL),
+            scale_layouts: ScaleLayout::mask_of(ScaleLayout::ALL),
+            features: feature::BIAS
+                | feature::EXPERT_MASK
+                | feature::NUM_LOCAL_TOKENS
+                | feature::ROUTER_WEIGHT_ON_INPUT,
+        }
+    }
+
+    /// The masks, the format's allowed activation dtypes, and a record every reader can index.
+    fn check(&self, config: &MoeConfig) -> Result<()> {
+        check_against_caps(&self.caps(), config)?;
+        check_record(&config.layout)
+    }
+
+    /// The CPU backend takes its scratch from the host heap: no caller workspace needed.
+    fn workspace_size(&self, launch: &MoeLaunch) -> Result<usize> {
+        self.check(&launch.config)?;
+        check_launch(launch)?;
+        Ok(0)
+    }
+
+    fn fused_moe(&self, launch: &MoeLaunch) -> Result<()> {
+        self.check(&launch.config)?;
+        let shape = check_launch(launch)?;
+        kernel::fused_moe(launch, &shape)
+    }
+}
+
+/// Worker threads the CPU backend uses (all cores).
+pub fn threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}

@@ -1,0 +1,424 @@
+//! The launch check, in one place: the layout record on its own (what a reader of the
+//! recorded layouts needs), and the caller's tensors against the record.
+//!
+//! Status rules: a tensor that disagrees with the layout record (shape, weight dtype, a scale
+//! or bias present/absent against the record) and a record that describes bytes no reader
+//! can index is LAYOUT_MISMATCH; tensors that disagree with each other, or a dtype fixed by the
+//! API (fp32 biases, int32 ids), is INVALID_ARGUMENT; what the backend cannot run is
+//! UNSUPPORTED.
+//!
+//! Accepted shapes (`H` = hidden_size, `Hp` = hidden_padded, `I` = intermediate_size, `Ip`
+//! = intermediate_padded, `E` = num_experts; `/2` = packed fp4 bytes):
+//! hidden_states `[M, H]` or `[M, Hp]` bf16/fp16 (padded columns ignored); output `[M, H]` or
+//! `[M, Hp]` bf16/fp16 (padded columns written as zero); w13 `[E, 2·Ip, Hp(/2)]`; w2
+//! `[E, Hp, Ip(/2)]`; biases fp32 `[E, 2·Ip]` (w13's row order) and `[E, Hp]`; scales per
+//! [`expected_scale_shapes`]; topk_ids int32 / topk_weights fp32 `[M, k]`; expert_mask int32
+//! `[E_global]` (E_global ≥ E, a trailing sentinel slot is just a 0); num_local_tokens int32 `[1]`.
+
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::moe::MoeLaunch;
+use crate::tensor::{format_shape, ElemType, Tensor};
+use crate::types::{GateMode, ScaleLayout, WeightFormat, WeightLayout};
+
+/// Rows of one F1 tile (AITER `shuffle_weight` layout (16, 16)).
+pub const F1_ROWS: usize = 16;
+/// Bytes of one F1 pack.
+pub const F1_PACK_BYTES: usize = 16;
+/// Rows of one gate/up block of the INTERLEAVE gate mode.
+pub const INTERLEAVE_ROWS: usize = 16;
+/// Elements of one MX scale block.
+pub const MX_BLOCK: usize = 32;
+
+/// What the check learned about a launch, for the kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchShape {
+    /// Rows of hidden_states / output.
+    pub m: usize,
+    pub topk: usize,
+    /// Columns of hidden_states and of output (hidden_size or hidden_padded each).
+    pub hidden_cols: usize,
+    pub output_cols: usize,
+    /// The weights' element type, uint8 resolved (w13 and w2 agree).
+    pub weight_elem: ElemType,
+}
+
+/// Storage dtypes a weight of this format may have. uint8 stands for the format's bytes
+/// (fp8 given as uint8 is read as e4m3fn; fp4x2 as uint8 is the packed bytes).
+pub fn weight_elems(format: WeightFormat) -> &'static [ElemType] {
+    use ElemType as T;
+    match format {
+        WeightFormat::Bf16 => &[T::Bf16],
+        WeightFormat::Fp16 => &[T::F16],
+        WeightFormat::Fp8PerTensor
+        | WeightFormat::Fp8PerChannel
+        | WeightFormat::Fp8Block128
+        | WeightFormat::Mxfp8 => &[T::Fp8E4m3fn, T::Fp8E4m3fnuz, T::U8],
+        WeightFormat::Mxfp4 => &[T::Fp4x2, T::U8],
+    }
+}
+
+/// What a weight's bytes hold: uint8 stands for packed fp4 (MXFP4) or fp8 e4m3fn.
+pub fn canonical_weight_elem(format: WeightFormat, elem: ElemType) -> ElemType {
+    match (format, elem) {
+        (WeightFormat::Mxfp4, ElemType::U8) => ElemType::Fp4x2,
+        (_, ElemType::U8) => ElemType::Fp8E4m3fn,
+        (_, e) => e,
+    }
+}
+
+/// Storage elements per logical element along K: 2 values per byte for MXFP4.
+fn values_per_elem(format: WeightFormat) -> usize {
+    if format == WeightFormat::Mxfp4 {
+        2
+    } else {
+        1
+    }
+}
+
+fn elem_size(format: WeightFormat) -> usize {
+    match format {
+        WeightFormat::Bf16 | WeightFormat::Fp16 => 2,
+        _ => 1,
+    }
+}
+
+/// The record on its own: sizes every recorded layout needs to be indexable.
+pub fn check_record(l: &Layout) -> Result<()> {
+    let f = l.weight_format;
+    let per = values_per_elem(f);
+    // (field, value, what divides it, why)
+    let mut needs: Vec<(&str, usize, usize, String)> = Vec::new();
+    if f.is_mx() {
+        for (field, v) in [
+            ("hidden_padded", l.hidden_padded),
+            ("intermediate_padded", l.intermediate_padded),
+        ] {
+            needs.push((
+                field,
+                v,
+                MX_BLOCK,
+                format!("weight_format {} has 1x32 scale blocks", f.label()),
+            ));
+        }
+    }
+    if l.gate_mode == GateMode::Interleave {
+        needs.push((
+            "intermediate_padded",
+            l.intermediate_padded,
+            INTERLEAVE_ROWS,
+            "gate_mode interleave alternates 16-row gate/up blocks".into(),
+        ));
+    }
+    if l.weight_layout == WeightLayout::Aiter16x16 {
+        let pack = F1_PACK_BYTES / elem_size(f) * per;
+        let why = format!(
+            "weight_layout aiter_16x16 reads 16-row tiles of 16-byte packs ({pack} {} values)",
+            f.label()
+        );
+        needs.push((
+            "hidden_padded",
+            l.hidden_padded,
+            F1_ROWS.max(pack),
+            why.clone(),
+        ));
+        needs.push((
+            "intermediate_padded",
+            l.intermediate_padded,
+            pack.max(8),
+            why,
+        ));
+    }
+    for (field, v, div, why) in needs {
+        if v % div != 0 {
+            return Err(Error::mismatch(format!(
+                "layout.{field}: expected a multiple of {div} ({why}), got {v}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A shape as the caller spelled it: typed fp4 tensors carry the logical last dimension.
+fn caller_shape(t: &Tensor, storage: &[usize]) -> String {
+    let mut s = storage.to_vec();
+    if t.elem == ElemType::Fp4x2 {
+        if let Some(last) = s.last_mut() {
+            *last *= 2;
+        }
+    }
+    format_shape(&s)
+}
+
+fn mismatch_shape(t: &Tensor, want: &[Vec<usize>], why: &str) -> Error {
+    let mut wants: Vec<String> = want.iter().map(|w| caller_shape(t, w)).collect();
+    wants.dedup();
+    Error::mismatch(format!(
+        "{}: expected shape {} from the layout record ({why}), got {}",
+        t.name,
+        wants.join(" or "),
+        caller_shape(t, &t.shape)
+    ))
+}
+
+fn expect_shape_of(t: &Tensor, want: &[Vec<usize>], why: &str) -> Result<()> {
+    if want.iter().any(|w| *w == t.shape) {
+        Ok(())
+    } else {
+        Err(mismatch_shape(t, want, why))
+    }
+}
+
+/// Accepted shapes of a weight's scale tensor (`rows` × `cols` logical weight per expert),
+/// with the explanation for messages; None when the format has no scale.
+pub fn expected_scale_shapes(
+    l: &Layout,
+    rows: usize,
+    cols: usize,
+) -> Option<(Vec<Vec<usize>>, String, &'static [ElemType])> {
+    let e = l.num_experts;
+    let f32_only: &[ElemType] = &[ElemType::F32];
+    let e8m0: &[ElemType] = &[ElemType::E8m0, ElemType::U8];
+    match l.weight_format {
+        WeightFormat::Bf16 | WeightFormat::Fp16 => None,
+        WeightFormat::Fp8PerTensor => Some((
+            vec![vec![e], vec![e, 1]],
+            format!("E={e}, one fp32 scale per expert"),
+            f32_only,
+        )),
+        WeightFormat::Fp8PerChannel => Some((
+            vec![vec![e, rows], vec![e, rows, 1]],
+            format!("E={e}, one fp32 scale per row: {rows}"),
+            f32_only,
+        )),
+        WeightFormat::Fp8Block128 => Some((
+            vec![vec![e, rows.div_ceil(128), cols.div_ceil(128)]],
+            format!("E={e}, ceil({rows}/128), ceil({cols}/128) blocks of 128x128"),
+            f32_only,
+        )),
+        WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => {
+            let k32 = cols / MX_BLOCK;
+            let sn = k32.div_ceil(8) * 8;
+            let (shapes, why) = match l.scale_layout.unwrap_or(ScaleLayout::Plain) {
+                ScaleLayout::Plain => (
+                    vec![vec![e * rows, k32], vec![e, rows, k32]],
+                    format!("scale_layout plain: E*{rows} rows, {cols}/32 columns"),
+                ),
+                ScaleLayout::AiterE8m0 => (
+                    vec![vec![(e * rows).div_ceil(256) * 256, sn]],
+                    format!(
+                        "scale_layout aiter_e8m0: E*{rows} rows padded to 256, {cols}/32 columns padded to 8"
+                    ),
+                ),
+                ScaleLayout::Cdna4Swizzle => (
+                    vec![vec![e, rows.div_ceil(32), sn * 32]],
+                    format!(
+                        "scale_layout cdna4_swizzle: E={e}, ceil({rows}/32) row groups, {cols}/32 columns padded to 8, times 32"
+                    ),
+                ),
+            };
+            Some((shapes, why, e8m0))
+        }
+    }
+}
+
+/// The caller's tensors against the record and each other.
+pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
+    let l = &launch.config.layout;
+    check_record(l)?;
+    let f = l.weight_format;
+    let (e, hp, ip) = (l.num_experts, l.hidden_padded, l.intermediate_padded);
+    let per = values_per_elem(f);
+
+    // Activations.
+    let h = &launch.hidden_states;
+    if let Some(s) = &launch.hidden_scale {
+        return Err(Error::unsupported(format!(
+            "{}: pre-quantized hidden_states (with hidden_scale) are not supported by this \
+             backend yet; pass bf16/fp16 hidden_states and choose act_dtype",
+            s.name
+        )));
+    }
+    h.expect_elem(&[ElemType::Bf16, ElemType::F16])?;
+    h.expect_ndim(2)?;
+    let m = h.dim(0);
+    let cols_why = format!("hidden_size={}, hidden_padded={hp}", l.hidden_size);
+    expect_shape_of(h, &[vec![m, l.hidden_size], vec![m, hp]], &cols_why)?;
+    let out = &launch.output;
+    out.expect_elem(&[ElemType::Bf16, ElemType::F16])?;
+    out.expect_ndim(2)?;
+    if out.dim(0) != m {
+        return Err(Error::invalid(format!(
+            "output: expected {m} rows like hidden_states, got shape {}",
+            out.shape_str()
+        )));
+    }
+    expect_shape_of(out, &[vec![m, l.hidden_size], vec![m, hp]], &cols_why)?;
+    let ids = &launch.topk_ids;
+    ids.expect_elem(&[ElemType::I32])?;
+    ids.expect_ndim(2)?;
+    if ids.dim(0) != m || ids.dim(1) == 0 {
+        return Err(Error::invalid(format!(
+            "topk_ids: expected shape [{m}, k] with k >= 1 (M from hidden_states), got {}",
+            ids.shape_str()
+        )));
+    }
+    let topk = ids.dim(1);
+    launch.topk_weights.expect_elem(&[ElemType::F32])?;
+    launch.topk_weights.expect_shape(&[m, topk])?;
+    if let Some(mask) = &launch.expert_mask {
+        mask.expect_elem(&[ElemType::I32])?;
+        mask.expect_ndim(1)?;
+        if mask.dim(0) < e {
+            return Err(Error::mismatch(format!(
+                "expert_mask: expected [E_global] with E_global >= {e} (layout.num_experts \
+                 local experts), got {}",
+                mask.shape_str()
+            )));
+        }
+    }
+    if let Some(n) = &launch.num_local_tokens {
+        n.expect_elem(&[ElemType::I32])?;
+        n.expect_shape(&[1])?;
+    }
+
+    // Weights.
+    let elems = weight_elems(f);
+    for w in [&launch.w13, &launch.w2] {
+        if !elems.contains(&w.elem) {
+            let names: Vec<&str> = elems.iter().map(|t| t.name()).collect();
+            return Err(Error::mismatch(format!(
+                "{}: expected dtype {} for layout.weight_format {}, got {}",
+                w.name,
+                names.join(" or "),
+                f.label(),
+                w.elem.name()
+            )));
+        }
+    }
+    let weight_elem = canonical_weight_elem(f, launch.w13.elem);
+    if canonical_weight_elem(f, launch.w2.elem) != weight_elem {
+        return Err(Error::invalid(format!(
+            "w2: expected the element type of w13 ({}, or uint8 holding it), got {}",
+            weight_elem.name(),
+            launch.w2.elem.name()
+        )));
+    }
+    // uint8 fp4 is given in bytes, typed fp4 in values: messages follow the caller.
+    for (w, rows, cols, what) in [
+        (
+            &launch.w13,
+            2 * ip,
+            hp,
+            ["2*intermediate_padded", "hidden_padded"],
+        ),
+        (&launch.w2, hp, ip, ["hidden_padded", "intermediate_padded"]),
+    ] {
+        let bytes = per == 2 && w.elem == ElemType::U8;
+        let (note, shown) = if bytes {
+            ("/2 (uint8: two fp4 values per byte)", cols / 2)
+        } else {
+            ("", cols)
+        };
+        expect_shape_of(
+            w,
+            &[vec![e, rows, cols / per]],
+            &format!("E={e}, {}={rows}, {}{note}={shown}", what[0], what[1]),
+        )?;
+    }
+
+    // Scales.
+    for (scale, name, rows, cols) in [
+        (&launch.w13_scale, "w13_scale", 2 * ip, hp),
+        (&launch.w2_scale, "w2_scale", hp, ip),
+    ] {
+        match (expected_scale_shapes(l, rows, cols), scale) {
+            (None, None) => {}
+            (None, Some(s)) => {
+                return Err(Error::mismatch(format!(
+                    "{}: expected NULL for layout.weight_format {} (no scales), got a tensor of shape {}",
+                    s.name,
+                    f.label(),
+                    s.shape_str()
+                )))
+            }
+            (Some((shapes, _, _)), None) => {
+                return Err(Error::mismatch(format!(
+                    "{name}: expected a tensor of shape {} for layout.weight_format {}, got NULL",
+                    format_shape(&shapes[0]),
+                    f.label()
+                )))
+            }
+            (Some((shapes, why, dtypes)), Some(s)) => {
+                if !dtypes.contains(&s.elem) {
+                    let names: Vec<&str> = dtypes.iter().map(|t| t.name()).collect();
+                    return Err(Error::mismatch(format!(
+                        "{}: expected dtype {} for layout.weight_format {}, got {}",
+                        s.name,
+                        names.join(" or "),
+                        f.label(),
+                        s.elem.name()
+                    )));
+                }
+                expect_shape_of(s, &shapes, &why)?;
+            }
+        }
+    }
+
+    // Biases: present exactly when the record says HAS_BIAS.
+    for (bias, name, cols) in [
+        (&launch.w13_bias, "w13_bias", 2 * ip),
+        (&launch.w2_bias, "w2_bias", hp),
+    ] {
+        match (l.has_bias, bias) {
+            (false, None) => {}
+            (false, Some(b)) => {
+                return Err(Error::mismatch(format!(
+                    "{}: expected NULL (the layout record has no HAS_BIAS flag), got a tensor of shape {}",
+                    b.name,
+                    b.shape_str()
+                )))
+            }
+            (true, None) => {
+                return Err(Error::mismatch(format!(
+                    "{name}: expected a fp32 tensor of shape [{e}, {cols}] (the layout record has HAS_BIAS), got NULL"
+                )))
+            }
+            (true, Some(b)) => {
+                b.expect_elem(&[ElemType::F32])?;
+                expect_shape_of(b, &[vec![e, cols]], &format!("E={e}, {cols} rows"))?;
+            }
+        }
+    }
+
+    // The output is written while everything else is read.
+    let inputs = [
+        Some(h),
+        Some(&launch.w13),
+        Some(&launch.w2),
+        Some(ids),
+        Some(&launch.topk_weights),
+        launch.w13_scale.as_ref(),
+        launch.w2_scale.as_ref(),
+        launch.w13_bias.as_ref(),
+        launch.w2_bias.as_ref(),
+        launch.expert_mask.as_ref(),
+        launch.num_local_tokens.as_ref(),
+    ];
+    for t in inputs.into_iter().flatten() {
+        if out.overlaps(t) {
+            return Err(Error::invalid(format!(
+                "output: overlaps {} (the output may not alias an input)",
+                t.name
+            )));
+        }
+    }
+
+    Ok(LaunchShape {
+        m,
+        topk,
+        hidden_cols: h.dim(1),
+        output_cols: out.dim(1),
+        weight_elem,
+    })
+}

@@ -1,0 +1,715 @@
+//! fused_moe on the CPU against an independent float64 reference, on random configurations:
+//! every weight format, allowed act dtype, gate mode, activation, weight/scale layout, with
+//! expert masks, out-of-range ids, num_local_tokens, biases, router weight on input, and
+//! padding filled with garbage (NaN included) that must be skipped.
+//!
+//! The reference decodes the *logical* weight codes the test generated (never the stored
+//! bytes), quantizes activations with its own f64 rounding, and emulates AITER's casts
+//! (stage-1 output to the output dtype).
+
+mod common;
+use common::*;
+use moeplug::types::{ActDtype, WeightFormat};
+
+/// Round to nearest even on a float grid with `mant` mantissa bits and smallest normal
+/// exponent `min_exp`, saturating at `max` when given.
+fn round_fmt(x: f64, mant: i32, min_exp: i32, max: Option<f64>) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let a = x.abs();
+    let e = (a.log2().floor() as i32).max(min_exp);
+    let q = 2f64.powi(e - mant);
+    let mut r = (a / q).round_ties_even() * q;
+    if let Some(m) = max {
+        r = r.min(m);
+    }
+    r.copysign(x)
+}
+fn bf16(x: f64) -> f64 {
+    round_fmt(x, 7, -126, None)
+}
+fn f16(x: f64) -> f64 {
+    round_fmt(x, 10, -14, None)
+}
+fn fp8(x: f64, fnuz: bool) -> f64 {
+    if fnuz {
+        round_fmt(x, 3, -7, Some(240.0))
+    } else {
+        round_fmt(x, 3, -6, Some(448.0))
+    }
+}
+fn fp4(x: f64) -> f64 {
+    round_fmt(x, 1, 0, Some(6.0))
+}
+fn fp8_max(fnuz: bool) -> f64 {
+    if fnuz {
+        240.0
+    } else {
+        448.0
+    }
+}
+
+/// e4m3 byte → value, from the bit layout (bias 7 fn / 8 fnuz).
+fn fp8_decode(b: u8, fnuz: bool) -> f64 {
+    let bias = if fnuz { 8 } else { 7 };
+    let (s, e, m) = (b >> 7, ((b >> 3) & 15) as i32, (b & 7) as f64);
+    let v = if e == 0 {
+        m / 8.0 * 2f64.powi(1 - bias)
+    } else {
+        (1.0 + m / 8.0) * 2f64.powi(e - bias)
+    };
+    if s == 1 {
+        -v
+    } else {
+        v
+    }
+}
+fn fp4_decode(n: u8) -> f64 {
+    let m = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0][(n & 7) as usize];
+    if n & 8 != 0 {
+        -m
+    } else {
+        m
+    }
+}
+
+/// Activation quantization of the rows of `x` (`width` columns) as `act` asks.
+fn quant_rows(x: &mut [f64], width: usize, act: ActDtype, fnuz: bool) {
+    let amax = |v: &[f64]| v.iter().fold(0f64, |m, a| m.max(a.abs()));
+    // AITER computes scales and x/scale in fp32 (x is 16-bit, so exact in f32); doing the
+    // same here keeps the fp8 rounding decisions identical.
+    let scaled = |v: &mut [f64], s: f64, f: &dyn Fn(f64) -> f64| {
+        for a in v.iter_mut() {
+            *a = f((*a as f32 / s as f32) as f64) * s;
+        }
+    };
+    let fp8s = |a: f64| {
+        let s = (a as f32 / fp8_max(fnuz) as f32) as f64;
+        if s == 0.0 {
+            1.0
+        } else {
+            s
+        }
+    };
+    // Power of two ≥ amax/max (e8m0 RoundUp); 2^-127 for zero blocks.
+    let pow2_up = |v: f64| {
+        if v == 0.0 {
+            2f64.powi(-127)
+        } else {
+            let e = v.log2().floor();
+            let p = 2f64.powf(e);
+            if p < v {
+                2.0 * p
+            } else {
+                p
+            }
+        }
+    };
+    let per_tensor = fp8s(amax(x));
+    for row in x.chunks_mut(width) {
+        match act {
+            ActDtype::Bf16 => row.iter_mut().for_each(|a| *a = bf16(*a)),
+            ActDtype::Fp16 => row.iter_mut().for_each(|a| *a = f16(*a)),
+            ActDtype::Fp8PerToken => {
+                let s = fp8s(amax(row));
+                scaled(row, s, &|v| fp8(v, fnuz))
+            }
+            ActDtype::Fp8PerTensor => scaled(row, per_tensor, &|v| fp8(v, fnuz)),
+            ActDtype::Fp8Block128 => {
+                for g in row.chunks_mut(128) {
+                    let s = fp8s(amax(g));
+                    scaled(g, s, &|v| fp8(v, fnuz))
+                }
+            }
+            ActDtype::Mxfp4 => {
+                for g in row.chunks_mut(32) {
+                    let s = pow2_up(amax(g) / 6.0);
+                    scaled(g, s, &fp4)
+                }
+            }
+            ActDtype::Mxfp8 => {
+                for g in row.chunks_mut(32) {
+                    let s = pow2_up(amax(g) / fp8_max(fnuz));
+                    scaled(g, s, &|v| fp8(v, fnuz))
+                }
+            }
+        }
+    }
+}
+
+fn act_f64(act: i32, g: f64, u: f64, alpha: f64, limit: Option<f64>) -> f64 {
+    let (g, u) = match limit {
+        Some(l) => (g.min(l), u.clamp(-l, l)),
+        None => (g, u),
+    };
+    let sig = |x: f64| 1.0 / (1.0 + (-x).exp());
+    match act {
+        1 => g * sig(g) * u,
+        2 => 0.5 * g * (1.0 + erf(g / 2f64.sqrt())) * u,
+        _ => g * sig(alpha * g) * (u + 1.0),
+    }
+}
+
+/// erf by its Maclaurin series (|x| < 3) or the asymptotic continued fraction.
+fn erf(x: f64) -> f64 {
+    let a = x.abs();
+    let r = if a < 3.0 {
+        let (mut term, mut sum, mut n) = (a, a, 0.0);
+        while term.abs() > 1e-17 * sum.abs() {
+            n += 1.0;
+            term *= -a * a / n;
+            sum += term / (2.0 * n + 1.0);
+        }
+        2.0 / std::f64::consts::PI.sqrt() * sum
+    } else {
+        let mut f = 0.0;
+        for k in (1..60).rev() {
+            f = k as f64 / 2.0 / (a + f);
+        }
+        1.0 - (-a * a).exp() / std::f64::consts::PI.sqrt() / (a + f)
+    };
+    r.copysign(x)
+}
+
+/// Physical row of (gate 0 | up 1, j) in a gate mode, with `ip` rows per half.
+fn phys_row(mode: i32, g: usize, j: usize, ip: usize) -> usize {
+    match mode {
+        1 => g * ip + j,
+        2 => (j / 16) * 32 + g * 16 + j % 16,
+        _ => 2 * j + g,
+    }
+}
+
+struct Cfg {
+    format: WeightFormat,
+    act: ActDtype,
+    gate_mode: i32,
+    activation: i32,
+    weight_layout: i32,
+    scale_layout: i32,
+    fnuz: bool,
+    e: usize,
+    e_global: usize,
+    topk: usize,
+    m: usize,
+    h: usize,
+    i: usize,
+    hp: usize,
+    ip: usize,
+    bias: bool,
+    rwoi: bool,
+    mask: bool,
+    nlt: Option<usize>,
+    out_fp16: bool,
+    in_fp16: bool,
+    hidden_padded: bool,
+    output_padded: bool,
+    alpha: f32,
+    limit: f32,
+}
+
+fn random_cfg(r: &mut Rng) -> Cfg {
+    let format = r.pick(WeightFormat::ALL);
+    let act = r.pick(format.allowed_act_dtypes());
+    let gate_mode = r.pick(&[1, 2, 3]);
+    let weight_layout = r.pick(&[1, 2]);
+    let mx = format.is_mx();
+    // Alignment the recorded layouts need (and the test's F1 writer: K%32 storage elements).
+    let mut align_h = if mx { 32 } else { 1 };
+    let mut align_i = align_h;
+    if gate_mode == 2 {
+        align_i = align_i.max(16);
+    }
+    if weight_layout == 2 {
+        align_h = 64;
+        align_i = 64;
+    }
+    let h = 16 + r.below(160);
+    let i = 8 + r.below(90);
+    let up = |v: usize, a: usize| v.div_ceil(a) * a;
+    let hp = up(h, align_h) + r.below(2) * align_h.max(8);
+    let ip = up(i, align_i) + r.below(2) * align_i.max(8);
+    let e = 1 + r.below(4);
+    let mask = r.below(3) == 0;
+    let activation = r.pick(&[1, 2, 3]);
+    Cfg {
+        format,
+        act,
+        gate_mode,
+        activation,
+        weight_layout,
+        scale_layout: if mx { r.pick(&[1, 2, 3]) } else { 0 },
+        fnuz: r.below(2) == 0,
+        e,
+        e_global: if mask { e + 1 + r.below(3) } else { e },
+        topk: 1 + r.below(e.min(3)),
+        m: 1 + r.below(7),
+        h,
+        i,
+        hp,
+        ip,
+        bias: r.below(2) == 0,
+        rwoi: r.below(4) == 0,
+        mask,
+        nlt: (r.below(3) == 0).then(|| r.below(8)),
+        out_fp16: r.below(3) == 0,
+        in_fp16: r.below(3) == 0,
+        hidden_padded: r.below(2) == 0,
+        output_padded: r.below(2) == 0,
+        alpha: if r.below(2) == 0 {
+            0.0
+        } else {
+            r.uniform(0.5, 2.5) as f32
+        },
+        limit: match (activation, r.below(3)) {
+            (_, 0) => 0.0,
+            _ => r.uniform(0.3, 3.0) as f32,
+        },
+    }
+}
+
+/// A stacked weight's logical values and its stored bytes + scale tensor.
+struct Weight {
+    /// [E][rows (physical order)][cols] dequantized values; padded entries unused.
+    values: Vec<f64>,
+    stored: T,
+    scale: Option<T>,
+}
+
+/// Random weight `[E, rows, cols]` (padded sizes) in `cfg`'s format and layouts. Entries
+/// outside `real(row, col)` hold garbage bytes. `gate_up` rows are reordered per gate mode
+/// (rows given in physical order already: `real` decides per physical row).
+fn make_weight(
+    r: &mut Rng,
+    c: &Cfg,
+    rows: usize,
+    cols: usize,
+    real: &dyn Fn(usize, usize) -> bool,
+) -> Weight {
+    let e = c.e;
+    let f = c.format;
+    let mut values = vec![0f64; e * rows * cols];
+    // Storage codes per logical element (u16 for 16-bit, u8 otherwise; fp4 a nibble).
+    let mut codes = vec![0u16; e * rows * cols];
+    // Scales per physical row/col as the format defines them.
+    let n_blk = rows.div_ceil(128);
+    let k_blk = cols.div_ceil(128);
+    let sc_tensor: Vec<f32> = (0..e).map(|_| r.uniform(0.002, 0.01) as f32).collect();
+    let sc_channel: Vec<f32> = (0..e * rows)
+        .map(|_| r.uniform(0.002, 0.01) as f32)
+        .collect();
+    let sc_block: Vec<f32> = (0..e * n_blk * k_blk)
+        .map(|_| r.uniform(0.002, 0.01) as f32)
+        .collect();
+    let k32 = cols / 32;
+    let sc_mx: Vec<u8> = (0..e * rows * k32.max(1))
+        .map(|_| 118 + r.below(7) as u8)
+        .collect();
+    for x in 0..e {
+        for n in 0..rows {
+            for k in 0..cols {
+                let idx = (x * rows + n) * cols + k;
+                if !real(n, k) {
+                    codes[idx] = r.next_u64() as u16; // garbage, NaN included
+                    continue;
+                }
+                let (code, v) = match f {
+                    WeightFormat::Bf16 => {
+                        let b = half::bf16::from_f64(r.nonzero(0.2));
+                        (b.to_bits(), b.to_f64())
+                    }
+                    WeightFormat::Fp16 => {
+                        let b = half::f16::from_f64(r.nonzero(0.2));
+                        (b.to_bits(), b.to_f64())
+                    }
+                    WeightFormat::Mxfp4 => {
+                        let nib = r.below(16) as u8;
+                        (nib as u16, fp4_decode(nib))
+                    }
+                    _ => {
+                        // Any fp8 code but NaN.
+                        let mut b = r.next_u64() as u8;
+                        while (c.fnuz && b == 0x80) || (!c.fnuz && b & 0x7F == 0x7F) {
+                            b = r.next_u64() as u8;
+                        }
+                        (b as u16, fp8_decode(b, c.fnuz))
+                    }
+                };
+                let s = match f {
+                    WeightFormat::Fp8PerTensor => sc_tensor[x] as f64,
+                    WeightFormat::Fp8PerChannel => sc_channel[x * rows + n] as f64,
+                    WeightFormat::Fp8Block128 => {
+                        sc_block[(x * n_blk + n / 128) * k_blk + k / 128] as f64
+                    }
+                    WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => {
+                        2f64.powi(sc_mx[(x * rows + n) * k32 + k / 32] as i32 - 127)
+                    }
+                    _ => 1.0,
+                };
+                codes[idx] = code;
+                values[idx] = v * s;
+            }
+        }
+    }
+    // Bytes in PLAIN order, then the recorded weight layout.
+    let (bytes, elem, per): (Vec<u8>, usize, usize) = match f {
+        WeightFormat::Bf16 | WeightFormat::Fp16 => {
+            (codes.iter().flat_map(|c| c.to_le_bytes()).collect(), 2, 1)
+        }
+        WeightFormat::Mxfp4 => (
+            codes
+                .chunks_exact(2)
+                .map(|p| (p[0] as u8 & 15) | ((p[1] as u8 & 15) << 4))
+                .collect(),
+            1,
+            2,
+        ),
+        _ => (codes.iter().map(|&c| c as u8).collect(), 1, 1),
+    };
+    let bytes = if c.weight_layout == 2 {
+        shuffle_f1(&bytes, e, rows, cols / per, elem)
+    } else {
+        bytes
+    };
+    let dtype = match f {
+        WeightFormat::Bf16 => BF16,
+        WeightFormat::Fp16 => F16,
+        WeightFormat::Mxfp4 => {
+            if r.below(2) == 0 {
+                FP4
+            } else {
+                U8
+            }
+        }
+        _ if c.fnuz => FP8_FNUZ,
+        _ => {
+            if r.below(3) == 0 {
+                U8 // uint8 fp8 weights are read as e4m3fn
+            } else {
+                FP8_FN
+            }
+        }
+    };
+    // uint8 fp4 carries the byte shape, {17, 4} the logical one.
+    let last = if dtype == U8 { cols / per } else { cols };
+    let stored = T::new(bytes, &[e, rows, last], dtype);
+    let scale = match f {
+        WeightFormat::Bf16 | WeightFormat::Fp16 => None,
+        WeightFormat::Fp8PerTensor => Some(if r.below(2) == 0 {
+            T::f32s(&sc_tensor, &[e])
+        } else {
+            T::f32s(&sc_tensor, &[e, 1])
+        }),
+        WeightFormat::Fp8PerChannel => Some(if r.below(2) == 0 {
+            T::f32s(&sc_channel, &[e, rows])
+        } else {
+            T::f32s(&sc_channel, &[e, rows, 1])
+        }),
+        WeightFormat::Fp8Block128 => Some(T::f32s(&sc_block, &[e, n_blk, k_blk])),
+        _ => {
+            let sn = k32.div_ceil(8) * 8;
+            Some(match c.scale_layout {
+                1 => T::new(sc_mx, &[e * rows, k32], E8M0),
+                2 => {
+                    let s = shuffle_f3(&sc_mx, e * rows, k32, 256, 0x7F);
+                    T::new(s, &[(e * rows).div_ceil(256) * 256, sn], U8)
+                }
+                _ => {
+                    let s: Vec<u8> = (0..e)
+                        .flat_map(|x| {
+                            shuffle_f3(
+                                &sc_mx[x * rows * k32..(x + 1) * rows * k32],
+                                rows,
+                                k32,
+                                32,
+                                0,
+                            )
+                        })
+                        .collect();
+                    T::new(s, &[e, rows.div_ceil(32), sn * 32], E8M0)
+                }
+            })
+        }
+    };
+    Weight {
+        values,
+        stored,
+        scale,
+    }
+}
+
+/// Build the launch and the reference output `[m, h]` for one configuration.
+fn build(r: &mut Rng, c: &Cfg) -> (Launch, Vec<f64>) {
+    let (e, m, k, h, i, hp, ip) = (c.e, c.m, c.topk, c.h, c.i, c.hp, c.ip);
+    let gm = c.gate_mode;
+    // Physical rows of w13 that are real: (half, j) with j < i.
+    let real_row: Vec<bool> = {
+        let mut v = vec![false; 2 * ip];
+        for g in 0..2 {
+            for j in 0..i {
+                v[phys_row(gm, g, j, ip)] = true;
+            }
+        }
+        v
+    };
+    let w13 = make_weight(r, c, 2 * ip, hp, &|n, kk| real_row[n] && kk < h);
+    let w2 = make_weight(r, c, hp, ip, &|n, kk| n < h && kk < i);
+    let in_dtype = if c.in_fp16 { F16 } else { BF16 };
+    let out_dtype = if c.out_fp16 { F16 } else { BF16 };
+    let cast_in = |v: f64| if c.in_fp16 { f16(v) } else { bf16(v) };
+    let cast_out = |v: f64| if c.out_fp16 { f16(v) } else { bf16(v) };
+    let hcols = if c.hidden_padded { hp } else { h };
+    let mut x = vec![0f64; m * h];
+    let mut hidden_bits = vec![0u16; m * hcols];
+    for t in 0..m {
+        for col in 0..hcols {
+            let bits = if col < h {
+                let v = cast_in(r.nonzero(1.0));
+                x[t * h + col] = v;
+                if c.in_fp16 {
+                    half::f16::from_f64(v).to_bits()
+                } else {
+                    half::bf16::from_f64(v).to_bits()
+                }
+            } else {
+                0x7FC0 // NaN in the padded columns: must be skipped
+            };
+            hidden_bits[t * hcols + col] = bits;
+        }
+    }
+    let ids: Vec<i32> = (0..m * k)
+        .map(|_| r.below(c.e_global + 2) as i32 - 1)
+        .collect();
+    let tw: Vec<f32> = (0..m * k).map(|_| r.uniform(0.1, 1.0) as f32).collect();
+    // Mask: exactly e experts on, in global-id order.
+    let mask: Option<Vec<i32>> = c.mask.then(|| {
+        let mut mk = vec![0i32; c.e_global];
+        let mut on = 0;
+        while on < e {
+            let g = r.below(c.e_global);
+            if mk[g] == 0 {
+                mk[g] = 1;
+                on += 1;
+            }
+        }
+        mk
+    });
+    let local = |gid: i32| -> Option<usize> {
+        if gid < 0 {
+            return None;
+        }
+        let gid = gid as usize;
+        match &mask {
+            None => (gid < e).then_some(gid),
+            Some(mk) => (gid < mk.len() && mk[gid] == 1)
+                .then(|| mk[..gid].iter().filter(|&&v| v == 1).count()),
+        }
+    };
+    let b13: Vec<f32> = (0..e * 2 * ip).map(|_| r.nonzero(0.5) as f32).collect();
+    let b2: Vec<f32> = (0..e * hp).map(|_| r.nonzero(0.5) as f32).collect();
+    let n_tok = c.nlt.map(|n| n.min(m)).unwrap_or(m);
+
+    // Reference.
+    let alpha = if c.alpha == 0.0 {
+        1.702
+    } else {
+        c.alpha as f64
+    };
+    let limit = match (c.activation, c.limit) {
+        (3, l) if l == 0.0 => Some(7.0),
+        (_, l) if l == 0.0 => None,
+        (_, l) => Some(l as f64),
+    };
+    let w13v = |x: usize, n: usize, kk: usize| w13.values[(x * 2 * ip + n) * hp + kk];
+    let w2v = |x: usize, n: usize, kk: usize| w2.values[(x * hp + n) * ip + kk];
+    let mut xq = x[..n_tok * h].to_vec();
+    quant_rows(&mut xq, h, c.act, c.fnuz);
+    let mut a2 = vec![0f64; m * k * i];
+    let mut routed = vec![None; m * k];
+    for t in 0..n_tok {
+        for s in 0..k {
+            let slot = t * k + s;
+            let Some(el) = local(ids[slot]) else { continue };
+            routed[slot] = Some(el);
+            for j in 0..i {
+                let mut gu = [0f64; 2];
+                for (g, v) in gu.iter_mut().enumerate() {
+                    let p = phys_row(gm, g, j, ip);
+                    let mut acc: f64 = (0..h).map(|kk| xq[t * h + kk] * w13v(el, p, kk)).sum();
+                    if c.rwoi {
+                        acc *= tw[slot] as f64;
+                    }
+                    if c.bias {
+                        acc += b13[el * 2 * ip + p] as f64;
+                    }
+                    *v = acc;
+                }
+                a2[slot * i + j] = cast_out(act_f64(c.activation, gu[0], gu[1], alpha, limit));
+            }
+        }
+    }
+    quant_rows(&mut a2, i, c.act, c.fnuz);
+    let mut want = vec![0f64; m * h];
+    for slot in 0..m * k {
+        let Some(el) = routed[slot] else { continue };
+        let w = if c.rwoi { 1.0 } else { tw[slot] as f64 };
+        for n in 0..h {
+            let mut y: f64 = (0..i).map(|j| a2[slot * i + j] * w2v(el, n, j)).sum();
+            if c.bias {
+                y += b2[el * hp + n] as f64;
+            }
+            want[(slot / k) * h + n] += w * y;
+        }
+    }
+
+    let launch = Launch {
+        layout: layout(
+            c.format as i32,
+            gm,
+            c.weight_layout,
+            c.scale_layout,
+            e,
+            [h, i, hp, ip],
+            c.bias,
+        ),
+        activation: c.activation,
+        alpha: c.alpha,
+        limit: c.limit,
+        act_dtype: c.act as i32,
+        flags: if c.rwoi { 1 << 3 } else { 0 },
+        hidden: T::u16s(&hidden_bits, &[m, hcols], in_dtype),
+        hidden_scale: None,
+        w13: w13.stored,
+        w13_scale: w13.scale,
+        w13_bias: c.bias.then(|| T::f32s(&b13, &[e, 2 * ip])),
+        w2: w2.stored,
+        w2_scale: w2.scale,
+        w2_bias: c.bias.then(|| T::f32s(&b2, &[e, hp])),
+        topk_weights: T::f32s(&tw, &[m, k]),
+        topk_ids: T::i32s(&ids, &[m, k]),
+        expert_mask: mask.map(|mk| T::i32s(&mk, &[c.e_global])),
+        num_local_tokens: c.nlt.map(|n| T::i32s(&[n as i32], &[1])),
+        output: {
+            // Poison the output: every element must be written.
+            let mut o = T::zeros(&[m, if c.output_padded { hp } else { h }], out_dtype);
+            o.bytes.iter_mut().for_each(|b| *b = 0x7F);
+            o
+        },
+    };
+    (launch, want)
+}
+
+fn describe(c: &Cfg) -> String {
+    format!(
+        "format {} act {} gate {} activation {} wl {} sl {} fnuz {} E {}/{} k {} M {} H {}/{} I {}/{} \
+         bias {} rwoi {} mask {} nlt {:?} out_fp16 {} in_fp16 {} alpha {} limit {}",
+        c.format.label(),
+        c.act.label(),
+        c.gate_mode,
+        c.activation,
+        c.weight_layout,
+        c.scale_layout,
+        c.fnuz,
+        c.e,
+        c.e_global,
+        c.topk,
+        c.m,
+        c.h,
+        c.hp,
+        c.i,
+        c.ip,
+        c.bias,
+        c.rwoi,
+        c.mask,
+        c.nlt,
+        c.out_fp16,
+        c.in_fp16,
+        c.alpha,
+        c.limit
+    )
+}
+
+#[test]
+fn random_configurations_agree_with_the_f64_reference() {
+    let mut r = Rng(0x5EED_0F_00E);
+    let (mut worst, mut flips, mut others, mut totals) =
+        ([0f64; 2], [0usize; 2], [0usize; 2], [0usize; 2]);
+    for case in 0..400 {
+        let c = random_cfg(&mut r);
+        let (mut launch, want) = build(&mut r, &c);
+        if let Err(e) = launch.run() {
+            panic!("case {case}: {}: {e:?}", describe(&c));
+        }
+        let cols = if c.output_padded { c.hp } else { c.h };
+        let got_all = launch.output.values();
+        let mut got = vec![0f64; c.m * c.h];
+        for t in 0..c.m {
+            for n in 0..cols {
+                let v = got_all[t * cols + n];
+                if n < c.h {
+                    got[t * c.h + n] = v;
+                } else {
+                    assert_eq!(v, 0.0, "case {case}: padded output column {n} of row {t}");
+                }
+            }
+        }
+        let quantized = c.act.is_quantized();
+        if want.iter().all(|&v| v == 0.0) {
+            assert!(
+                got.iter().all(|&v| v == 0.0),
+                "case {case}: expected all zero"
+            );
+            continue;
+        }
+        // The kernel's output is 16-bit: compare with the reference rounded the same way.
+        // f32 (kernel) and f64 (reference) sums may land on either side of a rounding
+        // boundary, so single elements may differ by one output ulp; those are counted.
+        let (mant, min_exp, cast): (i32, i32, fn(f64) -> f64) = if c.out_fp16 {
+            (10, -14, f16)
+        } else {
+            (7, -126, bf16)
+        };
+        let want_r: Vec<f64> = want.iter().map(|&v| cast(v)).collect();
+        let ulp = |v: f64| {
+            let e = (v.abs().max(1e-300).log2().floor() as i32).max(min_exp);
+            2f64.powi(e - mant)
+        };
+        let mut off_by_one = 0;
+        let mut beyond = 0;
+        for (g, w) in got.iter().zip(&want_r) {
+            if g != w {
+                if (g - w).abs() <= ulp(*w) * 1.000_001 {
+                    off_by_one += 1;
+                } else {
+                    beyond += 1;
+                }
+            }
+        }
+        let err = rel_l2(&got, &want_r);
+        let idx = quantized as usize;
+        worst[idx] = worst[idx].max(err);
+        flips[idx] += off_by_one;
+        others[idx] += beyond;
+        totals[idx] += got.len();
+        if quantized {
+            assert!(
+                err <= 1e-3,
+                "case {case}: rel L2 {err:.3e} > 1e-3: {}",
+                describe(&c)
+            );
+        } else {
+            assert!(
+                beyond == 0 && off_by_one * 50 <= got.len().max(50),
+                "case {case}: {beyond} elements beyond one ulp, {off_by_one} one-ulp flips \
+                 (rel L2 {err:.3e}): {}",
+                describe(&c)
+            );
+        }
+    }
+    println!(
+        "16-bit activations: worst rel L2 {:.3e}, one-ulp flips {}/{} elements, larger {}; \
+         quantized activations: worst rel L2 {:.3e}, one-ulp flips {}, larger {} of {}",
+        worst[0], flips[0], totals[0], others[0], worst[1], flips[1], others[1], totals[1]
+    );
+}
