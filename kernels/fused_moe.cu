@@ -254,11 +254,11 @@ __device__ void moe_gemm(const Params& p) {
   __shared__ float As[BK][BM + 1];
   __shared__ float Bs[GATED ? 2 : 1][BK][BN + 4];
   __shared__ int s_row[BM];
-  int tile = blockIdx.y;
+  int tile = blockIdx.x;  // x: up to 2^31-1 tiles; y: column blocks
   if (tile >= *(const int*)p.total_tiles) return;
   int e = ((const int*)p.tile_expert)[tile];
   int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
-  int n0 = blockIdx.x * BN;
+  int n0 = blockIdx.y * BN;
   if (tid < BM) s_row[tid] = ((const int*)p.sorted_rows)[tile * BM + tid];
 
   // stage 1: A = x rows (K = H), B = w13 rows; stage 2: A = intermediate rows (K = I), B = w2.
@@ -356,7 +356,7 @@ MP_KERNEL void __launch_bounds__(THREADS) moe_stage2(Params p) { moe_gemm<false>
 // out[t, n] = sum over slots s (in order) of y[t*topk + s, n] for routed pairs; rows at or
 // beyond num_local_tokens and padded columns are zero.
 MP_KERNEL void __launch_bounds__(THREADS) moe_reduce(Params p) {
-  int t = blockIdx.y, n = blockIdx.x * THREADS + threadIdx.x;
+  int t = blockIdx.x, n = blockIdx.y * THREADS + threadIdx.x;  // x: tokens (no 65535 cap)
   if (n >= p.out_cols) return;
   float sum = 0.0f;
   if (t < local_tokens(p) && n < p.H) {

@@ -17,7 +17,7 @@ TOL = 1e-2
 
 
 def run_moe(fmt, *, wlayout="aiter_16x16", slayout=None, gate="separated", act="silu", E=8,
-            k=2, H=192, I=96, Hp=None, Ip=None, M=7, bias=False, rwoi=False, mask=None,
+            k=2, H=192, I=128, Hp=None, Ip=None, M=7, bias=False, rwoi=False, mask=None,
             n_local=None, alpha=0.0, limit=0.0, in_dtype=torch.bfloat16, out_dtype=None,
             act_dtype="default", seed=0, out_cols=None, ids=None, m=None):
     dev = "cuda"
@@ -83,7 +83,7 @@ def test_formats_small(case, M):
     pad = case["pad"]
     out, ref, _ = run_moe(case["fmt"], wlayout=case["wlayout"], gate=case["gate"],
                           act=case["act"], bias=case["bias"], M=M, k=3,
-                          Hp=256 if pad else None, Ip=128 if pad else None, seed=M)
+                          Hp=256 if pad else None, Ip=192 if pad else None, seed=M)
     assert_close(out, ref)
 
 
@@ -140,8 +140,14 @@ def test_out_of_range_ids_without_mask():
     assert_close(out, ref)
 
 
+def test_many_tokens():
+    """More tokens than a grid's y dimension allows (65535): tokens run along x."""
+    out, ref, _ = run_moe("bf16", M=70000, k=2, H=64, I=32)
+    assert_close(out, ref)
+
+
 def test_padded_output_columns_are_zero():
-    out, ref, _ = run_moe("bf16", Hp=256, Ip=128, M=9, out_cols=256)
+    out, ref, _ = run_moe("bf16", Hp=256, Ip=192, M=9, out_cols=256)
     assert_close(out, ref)
 
 
@@ -175,7 +181,7 @@ def test_workspace_too_small_and_unsupported():
 
 def test_layout_mismatch_is_reported():
     out, ref, st = run_moe("bf16", M=4)
-    bad = _abi.make_layout("bf16", "separated", "aiter_16x16", "none", 8, 192, 96, 192, 128, False)
+    bad = _abi.make_layout("bf16", "separated", "aiter_16x16", "none", 8, 192, 128, 192, 160, False)
     args = _abi.make_args(bad, st["tensors"], **st["kw"])
     with pytest.raises(_abi.MoeplugError) as e:
         _abi.fused_moe(args)

@@ -358,7 +358,7 @@ impl Backend for GpuBackend {
         )?;
         self.launch(
             k.stage1,
-            (n_tiles(c.intermediate_size), tiles),
+            (tiles, n_tiles(c.intermediate_size)),
             launch::THREADS,
             0,
             stream,
@@ -367,7 +367,7 @@ impl Backend for GpuBackend {
         )?;
         self.launch(
             k.stage2,
-            (n_tiles(c.hidden_size), tiles),
+            (tiles, n_tiles(c.hidden_size)),
             launch::THREADS,
             0,
             stream,
@@ -377,8 +377,8 @@ impl Backend for GpuBackend {
         self.launch(
             k.reduce,
             (
-                (plan.out_cols as u32).div_ceil(launch::THREADS),
                 plan.m as u32,
+                (plan.out_cols as u32).div_ceil(launch::THREADS),
             ),
             launch::THREADS,
             0,
