@@ -77,8 +77,9 @@ static CUDA_API: Lazy<Result<Api>> = Lazy::new(|| {
 });
 static HIP_API: Lazy<Result<Api>> = Lazy::new(|| driver::load(Vendor::Hip));
 
-static DEVICES: Lazy<Mutex<HashMap<(Vendor, i32), Arc<GpuBackend>>>> =
-    Lazy::new(|| Mutex::new(HashMap::new()));
+/// One backend per (vendor, device), opened on first use.
+type DeviceTable = HashMap<(Vendor, i32), Arc<GpuBackend>>;
+static DEVICES: Lazy<Mutex<DeviceTable>> = Lazy::new(|| Mutex::new(HashMap::new()));
 
 pub fn backend(vendor: Vendor, device_id: i32) -> Result<Arc<dyn Backend>> {
     if device_id < 0 {
