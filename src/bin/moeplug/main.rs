@@ -136,4 +136,8 @@ fn info() {
         }
         println!();
     }
+    println!("GPU kernels (compiled at run time, cached on disk)");
+    for line in backend::gpu::describe().lines() {
+        println!("  {line}");
+    }
 }

@@ -1,0 +1,373 @@
+// Fused MoE, simple and correct first: route + sort on the device, stage-1 GEMM with
+// in-kernel weight dequantization and the gated activation, stage-2 GEMM with the routing
+// weight, and a per-token reduction in a fixed order (deterministic, no float atomics).
+//
+// Compile-time configuration (-D): WFMT (moeplug_weight_format), WLAYOUT (1 plain,
+// 2 AITER 16x16 = LAYOUTS F1), SLAYOUT (0 none, 1 plain, 2 AITER e8m0 = F3), GATE
+// (moeplug_gate_mode), ACT (moeplug_activation), ACT_F16/IN_F16/OUT_F16 (0 = bf16),
+// HAS_BIAS, RWOI (router weight on input), HAS_MASK, FP8_FNUZ.
+#include "moeplug_port.h"
+
+#define BM 32        // rows (token, slot pairs) per tile; the sort pads each expert to BM
+#define BN 64        // output columns per block
+#define BK 32        // K step
+#define THREADS 256
+#define SCAN_THREADS 1024
+
+// Mirrors `KernelParams` in src/backend/gpu/launch.rs: 8-byte fields first, then 4-byte.
+struct Params {
+  u64 x, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias;
+  u64 topk_weights, topk_ids, expert_mask, num_local_tokens, out;
+  u64 total_tiles, tile_expert, sorted_rows, pair_local, inter, y;
+  int M, topk, E, E_global, H, Hp, I, Ip, x_cols, out_cols, max_tiles, pad0;
+  float alpha, limit;
+  int has_limit, pad1;
+};
+
+// ---- weights ----------------------------------------------------------------------------
+
+// Storage offset of (n, k) in an [N, K] matrix of `pack`-element 16-byte packs (F1 with
+// 16-row tiles; LAYOUTS.md §2.1 canonical form), or row-major.
+__device__ __forceinline__ i64 w_offset(int n, int k, int K, int pack) {
+#if WLAYOUT == 2
+  return ((i64)(n >> 4) * (K / pack) + k / pack) * (16 * pack) + (n & 15) * pack + k % pack;
+#else
+  return (i64)n * K + k;
+#endif
+}
+
+// F3 (LAYOUTS.md §3.1) byte offset of e8m0 scale (r, c), sn = columns rounded up to 8.
+__device__ __forceinline__ i64 f3_offset(i64 r, int c, int sn) {
+  return (r >> 5) * (32 * (i64)sn) + (c >> 3) * 256 + (c & 3) * 64 + (r & 15) * 4 +
+         ((c >> 2) & 1) * 2 + ((r >> 4) & 1);
+}
+
+__device__ __forceinline__ float mx_scale(const u8* S, i64 row, int k, int K) {
+  int kb = k >> 5, nkb = K >> 5;
+#if SLAYOUT == 2
+  int sn = (nkb + 7) & ~7;
+  return mp_e8m0_to_f32(S[f3_offset(row, kb, sn)]);
+#else
+  return mp_e8m0_to_f32(S[row * nkb + kb]);
+#endif
+}
+
+// Dequantized weight (e, n, k) of an [E, N, K] matrix (N physical rows, K logical columns
+// including padding) with its scales.
+__device__ __forceinline__ float load_w(const u8* W, const u8* S, int e, int n, int k, int N,
+                                        int K) {
+#if WFMT == 1 || WFMT == 2
+  const u16* w = (const u16*)W + (i64)e * N * K;
+  u16 v = w[w_offset(n, k, K, 8)];
+#if WFMT == 1
+  return mp_bf16_to_f32(v);
+#else
+  return mp_f16_to_f32(v);
+#endif
+#elif WFMT == 3 || WFMT == 4 || WFMT == 5 || WFMT == 7
+  const u8* w = W + (i64)e * N * K;
+  float v = mp_fp8_to_f32(w[w_offset(n, k, K, 16)], FP8_FNUZ);
+#if WFMT == 3
+  return v * ((const float*)S)[e];
+#elif WFMT == 4
+  return v * ((const float*)S)[(i64)e * N + n];
+#elif WFMT == 5
+  int nb = (N + 127) >> 7, kb = (K + 127) >> 7;
+  return v * ((const float*)S)[((i64)e * nb + (n >> 7)) * kb + (k >> 7)];
+#else
+  return v * mx_scale(S, (i64)e * N + n, k, K);
+#endif
+#elif WFMT == 6
+  int kbytes = K >> 1;
+  const u8* w = W + (i64)e * N * kbytes;
+  u32 b = w[w_offset(n, k >> 1, kbytes, 16)];
+  float v = mp_e2m1_to_f32((k & 1) ? (b >> 4) : b);
+  return v * mx_scale(S, (i64)e * N + n, k, K);
+#else
+#error "unknown WFMT"
+#endif
+}
+
+// Physical w13 row of logical gate row i (up = gate + 1 half).
+__device__ __forceinline__ int gate_row(int i, int Ip) {
+#if GATE == 1
+  return i;
+#elif GATE == 2
+  return ((i >> 4) << 5) + (i & 15);
+#else
+  return 2 * i;
+#endif
+}
+__device__ __forceinline__ int up_row(int i, int Ip) {
+#if GATE == 1
+  return Ip + i;
+#elif GATE == 2
+  return ((i >> 4) << 5) + 16 + (i & 15);
+#else
+  return 2 * i + 1;
+#endif
+}
+
+__device__ __forceinline__ float to_act(float v) {
+#if ACT_F16
+  return mp_f16_to_f32(mp_f32_to_f16(v));
+#else
+  return mp_bf16_to_f32(mp_f32_to_bf16(v));
+#endif
+}
+__device__ __forceinline__ float load_x(u16 v) {
+#if IN_F16
+  float f = mp_f16_to_f32(v);
+#else
+  float f = mp_bf16_to_f32(v);
+#endif
+#if IN_F16 != ACT_F16
+  f = to_act(f);
+#endif
+  return f;
+}
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float activate(float g, float u, const Params& p) {
+#if ACT == 3
+  float L = p.limit;  // always set for SWIGLU_OAI
+  g = fminf(g, L);
+  u = fminf(fmaxf(u, -L), L);
+  return g * sigmoid(p.alpha * g) * (u + 1.0f);
+#else
+  if (p.has_limit) {
+    g = fminf(g, p.limit);
+    u = fminf(fmaxf(u, -p.limit), p.limit);
+  }
+#if ACT == 1
+  return g * sigmoid(g) * u;
+#else
+  return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f)) * u;
+#endif
+#endif
+}
+
+// ---- routing ----------------------------------------------------------------------------
+
+// Exclusive prefix sum of v[0..n) in place by one block of SCAN_THREADS threads; returns the
+// total to every thread. `tmp` holds SCAN_THREADS ints.
+__device__ int block_exclusive_scan(int* v, int n, int* tmp) {
+  int tid = threadIdx.x;
+  int chunk = (n + SCAN_THREADS - 1) / SCAN_THREADS;
+  int begin = min(tid * chunk, n), end = min(begin + chunk, n);
+  int sum = 0;
+  for (int i = begin; i < end; ++i) sum += v[i];
+  tmp[tid] = sum;
+  __syncthreads();
+  for (int off = 1; off < SCAN_THREADS; off <<= 1) {
+    int add = tid >= off ? tmp[tid - off] : 0;
+    __syncthreads();
+    tmp[tid] += add;
+    __syncthreads();
+  }
+  int run = tmp[tid] - sum;  // exclusive prefix of this chunk
+  int total = tmp[SCAN_THREADS - 1];
+  for (int i = begin; i < end; ++i) {
+    int c = v[i];
+    v[i] = run;
+    run += c;
+  }
+  __syncthreads();
+  return total;
+}
+
+__device__ __forceinline__ int local_tokens(const Params& p) {
+  if (p.num_local_tokens == 0) return p.M;
+  int n = *(const int*)p.num_local_tokens;  // read on the device: graph-capturable
+  return min(max(n, 0), p.M);
+}
+
+// One block: per-expert counts, tiles of BM rows per expert (experts in increasing local id,
+// empty experts get none), tile -> expert map, and the (token, slot) pair of each tile row
+// (-1 = padding). Order inside an expert is whatever the atomics give: every row is computed
+// independently, so results do not depend on it.
+MP_KERNEL void __launch_bounds__(SCAN_THREADS) moe_route(Params p) {
+  extern __shared__ int sm[];
+  int* s_start = sm;              // E + 1: tile start per expert
+  int* s_cursor = sm + p.E + 1;   // E: next free row per expert
+  int* s_tmp = s_cursor + p.E;    // SCAN_THREADS
+  int* s_local = s_tmp + SCAN_THREADS;  // E_global (HAS_MASK): local id or -1
+  int tid = threadIdx.x;
+  const int* ids = (const int*)p.topk_ids;
+  int* pair_local = (int*)p.pair_local;
+  int* tile_expert = (int*)p.tile_expert;
+  int* rows = (int*)p.sorted_rows;
+  int n_tok = local_tokens(p);
+  int npairs = p.M * p.topk;
+
+  for (int e = tid; e <= p.E; e += SCAN_THREADS) s_start[e] = 0;
+#if HAS_MASK
+  const int* mask = (const int*)p.expert_mask;
+  for (int e = tid; e < p.E_global; e += SCAN_THREADS) s_local[e] = mask[e] != 0;
+  __syncthreads();
+  block_exclusive_scan(s_local, p.E_global, s_tmp);  // local id = cumsum(mask) - 1
+  for (int e = tid; e < p.E_global; e += SCAN_THREADS)
+    if (mask[e] == 0) s_local[e] = -1;
+#endif
+  __syncthreads();
+
+  for (int q = tid; q < npairs; q += SCAN_THREADS) {
+    int id = ids[q], lid = -1;
+    if (q / p.topk < n_tok && id >= 0 && id < p.E_global) {
+#if HAS_MASK
+      lid = s_local[id];
+#else
+      lid = id;
+#endif
+      if (lid >= p.E) lid = -1;  // mask names more experts than the weights hold
+    }
+    pair_local[q] = lid;
+    if (lid >= 0) atomicAdd(&s_start[lid], 1);
+  }
+  __syncthreads();
+  // counts -> tile counts -> tile starts
+  for (int e = tid; e < p.E; e += SCAN_THREADS) s_start[e] = (s_start[e] + BM - 1) / BM;
+  __syncthreads();
+  int total = block_exclusive_scan(s_start, p.E + 1, s_tmp);
+  for (int e = tid; e < p.E; e += SCAN_THREADS) {
+    s_cursor[e] = s_start[e] * BM;
+    for (int t = s_start[e]; t < s_start[e + 1]; ++t) tile_expert[t] = e;
+  }
+  for (int t = total + tid; t < p.max_tiles; t += SCAN_THREADS) tile_expert[t] = -1;
+  if (tid == 0) *(int*)p.total_tiles = total;
+  for (int r = tid; r < total * BM; r += SCAN_THREADS) rows[r] = -1;
+  __syncthreads();  // padding written before the scatter overwrites real rows
+  for (int q = tid; q < npairs; q += SCAN_THREADS) {
+    int lid = pair_local[q];
+    if (lid >= 0) rows[atomicAdd(&s_cursor[lid], 1)] = q;
+  }
+}
+
+// ---- GEMM stages --------------------------------------------------------------------------
+
+// Stage 1 (GATED) or stage 2: one block computes BM sorted rows x BN output columns of one
+// expert with fp32 FMA over shared-memory tiles. Thread (ty, tx) owns rows 2ty..2ty+1 and
+// columns 4tx..4tx+3.
+template <bool GATED>
+__device__ void moe_gemm(const Params& p) {
+  __shared__ float As[BK][BM + 1];
+  __shared__ float Bs[GATED ? 2 : 1][BK][BN + 4];
+  __shared__ int s_row[BM];
+  int tile = blockIdx.x;  // x: up to 2^31-1 tiles; y: column blocks
+  if (tile >= *(const int*)p.total_tiles) return;
+  int e = ((const int*)p.tile_expert)[tile];
+  int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+  int n0 = blockIdx.y * BN;
+  if (tid < BM) s_row[tid] = ((const int*)p.sorted_rows)[tile * BM + tid];
+
+  // stage 1: A = x rows (K = H), B = w13 rows; stage 2: A = intermediate rows (K = I), B = w2.
+  int K = GATED ? p.H : p.I;          // logical K: padded columns are skipped
+  int Kst = GATED ? p.Hp : p.Ip;      // K of the stored matrix
+  int Nst = GATED ? 2 * p.Ip : p.Hp;  // rows of the stored matrix
+  int Ncols = GATED ? p.I : p.H;      // logical output columns
+  const u8* W = (const u8*)(GATED ? p.w13 : p.w2);
+  const u8* S = (const u8*)(GATED ? p.w13_scale : p.w2_scale);
+  const u16* A = (const u16*)(GATED ? p.x : p.inter);
+  float acc[GATED ? 2 : 1][2][4];
+  for (int g = 0; g < (GATED ? 2 : 1); ++g)
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 4; ++j) acc[g][i][j] = 0.0f;
+  __syncthreads();
+
+  for (int k0 = 0; k0 < K; k0 += BK) {
+    for (int idx = tid; idx < BM * BK; idx += THREADS) {
+      int r = idx / BK, kk = idx % BK, k = k0 + kk, q = s_row[r];
+      float v = 0.0f;
+      if (q >= 0 && k < K) {
+        if (GATED)
+          v = load_x(A[(i64)(q / p.topk) * p.x_cols + k]);
+        else  // the intermediate is stored in the activation dtype
+          v = ACT_F16 ? mp_f16_to_f32(A[(i64)q * p.I + k]) : mp_bf16_to_f32(A[(i64)q * p.I + k]);
+      }
+      As[kk][r] = v;
+    }
+    for (int idx = tid; idx < (GATED ? 2 : 1) * BN * BK; idx += THREADS) {
+      int c = idx / BK, kk = idx % BK, k = k0 + kk;
+      int half = c / BN, col = n0 + c % BN;
+      float v = 0.0f;
+      if (col < Ncols && k < K) {
+        int row = GATED ? (half ? up_row(col, p.Ip) : gate_row(col, p.Ip)) : col;
+        v = load_w(W, S, e, row, k, Nst, Kst);
+      }
+      Bs[half][kk][c % BN] = v;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int kk = 0; kk < BK; ++kk) {
+      float a0 = As[kk][2 * ty], a1 = As[kk][2 * ty + 1];
+      for (int g = 0; g < (GATED ? 2 : 1); ++g)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float b = Bs[g][kk][4 * tx + j];
+          acc[g][0][j] = fmaf(a0, b, acc[g][0][j]);
+          acc[g][1][j] = fmaf(a1, b, acc[g][1][j]);
+        }
+    }
+    __syncthreads();
+  }
+
+  for (int i = 0; i < 2; ++i) {
+    int q = s_row[2 * ty + i];
+    if (q < 0) continue;
+    float w = ((const float*)p.topk_weights)[q];
+    for (int j = 0; j < 4; ++j) {
+      int col = n0 + 4 * tx + j;
+      if (col >= Ncols) continue;
+      if (GATED) {
+        float g = acc[0][i][j], u = acc[GATED ? 1 : 0][i][j];
+#if RWOI
+        g *= w;
+        u *= w;
+#endif
+#if HAS_BIAS
+        const float* b = (const float*)p.w13_bias + (i64)e * 2 * p.Ip;
+        g += b[gate_row(col, p.Ip)];
+        u += b[up_row(col, p.Ip)];
+#endif
+        float a = activate(g, u, p);
+#if ACT_F16
+        ((u16*)p.inter)[(i64)q * p.I + col] = mp_f32_to_f16(a);
+#else
+        ((u16*)p.inter)[(i64)q * p.I + col] = mp_f32_to_bf16(a);
+#endif
+      } else {
+        float v = acc[0][i][j];
+#if HAS_BIAS
+        v += ((const float*)p.w2_bias)[(i64)e * p.Hp + col];
+#endif
+#if !RWOI
+        v *= w;
+#endif
+        ((float*)p.y)[(i64)q * p.H + col] = v;
+      }
+    }
+  }
+}
+
+MP_KERNEL void __launch_bounds__(THREADS) moe_stage1(Params p) { moe_gemm<true>(p); }
+MP_KERNEL void __launch_bounds__(THREADS) moe_stage2(Params p) { moe_gemm<false>(p); }
+
+// out[t, n] = sum over slots s (in order) of y[t*topk + s, n] for routed pairs; rows at or
+// beyond num_local_tokens and padded columns are zero.
+MP_KERNEL void __launch_bounds__(THREADS) moe_reduce(Params p) {
+  int t = blockIdx.x, n = blockIdx.y * THREADS + threadIdx.x;  // x: tokens (no 65535 cap)
+  if (n >= p.out_cols) return;
+  float sum = 0.0f;
+  if (t < local_tokens(p) && n < p.H) {
+    for (int s = 0; s < p.topk; ++s) {
+      int q = t * p.topk + s;
+      if (((const int*)p.pair_local)[q] >= 0) sum += ((const float*)p.y)[(i64)q * p.H + n];
+    }
+  }
+#if OUT_F16
+  ((u16*)p.out)[(i64)t * p.out_cols + n] = mp_f32_to_f16(sum);
+#else
+  ((u16*)p.out)[(i64)t * p.out_cols + n] = mp_f32_to_bf16(sum);
+#endif
+}

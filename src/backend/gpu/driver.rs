@@ -1,0 +1,342 @@
+//! Run-time loading of the vendor driver and run-time compiler. Only the symbols moeplug uses
+//! are resolved, on first use; a missing library or symbol becomes BACKEND_UNAVAILABLE with a
+//! message (an eager, complete lookup crashes on older drivers). Result codes stay integers.
+//!
+//! CUDA and HIP fill the same table: their driver and RTC entry points used here have the
+//! same C signatures (handles are opaque pointers, device pointers 64-bit).
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+
+use crate::error::{Error, Result};
+
+use super::Vendor;
+
+pub type Handle = *mut c_void;
+pub type DevicePtr = u64;
+
+/// Driver + RTC entry points. Field names follow the CUDA spelling; for HIP they hold the
+/// hip*/hiprtc* equivalents.
+#[allow(non_snake_case)]
+pub struct Api {
+    pub vendor: Vendor,
+    pub cuInit: unsafe extern "C" fn(c_uint) -> c_int,
+    pub cuDriverGetVersion: unsafe extern "C" fn(*mut c_int) -> c_int,
+    pub cuDeviceGet: unsafe extern "C" fn(*mut c_int, c_int) -> c_int,
+    pub cuDeviceGetAttribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int,
+    pub cuDeviceGetName: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int,
+    pub cuDevicePrimaryCtxRetain: unsafe extern "C" fn(*mut Handle, c_int) -> c_int,
+    pub cuCtxPushCurrent: unsafe extern "C" fn(Handle) -> c_int,
+    pub cuCtxPopCurrent: unsafe extern "C" fn(*mut Handle) -> c_int,
+    pub cuModuleLoadData: unsafe extern "C" fn(*mut Handle, *const c_void) -> c_int,
+    pub cuModuleGetFunction: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> c_int,
+    #[allow(clippy::type_complexity)]
+    pub cuLaunchKernel: unsafe extern "C" fn(
+        Handle,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        Handle,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> c_int,
+    /// `cuGetErrorName` (CUDA) / `hipGetErrorName` (HIP): "CUDA_ERROR_INVALID_VALUE".
+    pub cuGetErrorName: unsafe extern "C" fn(c_int, *mut *const c_char) -> c_int,
+    pub rtc: Rtc,
+}
+
+/// NVRTC / hipRTC entry points.
+#[allow(non_snake_case)]
+pub struct Rtc {
+    pub library: String,
+    pub nvrtcVersion: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int,
+    pub nvrtcGetErrorString: unsafe extern "C" fn(c_int) -> *const c_char,
+    pub nvrtcCreateProgram: unsafe extern "C" fn(
+        *mut Handle,
+        *const c_char,
+        *const c_char,
+        c_int,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> c_int,
+    pub nvrtcCompileProgram: unsafe extern "C" fn(Handle, c_int, *const *const c_char) -> c_int,
+    pub nvrtcGetProgramLogSize: unsafe extern "C" fn(Handle, *mut usize) -> c_int,
+    pub nvrtcGetProgramLog: unsafe extern "C" fn(Handle, *mut c_char) -> c_int,
+    /// `nvrtcGetCUBINSize` / `hiprtcGetCodeSize`.
+    pub nvrtcGetCUBINSize: unsafe extern "C" fn(Handle, *mut usize) -> c_int,
+    /// `nvrtcGetCUBIN` / `hiprtcGetCode`.
+    pub nvrtcGetCUBIN: unsafe extern "C" fn(Handle, *mut c_char) -> c_int,
+    pub nvrtcDestroyProgram: unsafe extern "C" fn(*mut Handle) -> c_int,
+}
+
+// The table holds plain function pointers into libraries that are never unloaded.
+unsafe impl Send for Api {}
+unsafe impl Sync for Api {}
+
+/// A library opened with dlopen and kept for the life of the process.
+struct Library {
+    name: String,
+    handle: *mut c_void,
+}
+
+fn dlerror_text() -> String {
+    // SAFETY: dlerror returns NULL or a C string owned by libc, valid until the next dl call.
+    unsafe {
+        let e = libc::dlerror();
+        if e.is_null() {
+            "unknown dlopen error".into()
+        } else {
+            CStr::from_ptr(e).to_string_lossy().into_owned()
+        }
+    }
+}
+
+impl Library {
+    fn open(name: &str) -> std::result::Result<Library, String> {
+        let c = CString::new(name).map_err(|e| e.to_string())?;
+        // SAFETY: valid C string; the handle is deliberately never closed (function pointers
+        // taken from it live in a process-wide table).
+        let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if handle.is_null() {
+            return Err(dlerror_text());
+        }
+        Ok(Library {
+            name: name.to_string(),
+            handle,
+        })
+    }
+
+    /// First of `names` that opens; the error lists every attempt.
+    fn open_any(names: &[&str]) -> std::result::Result<Library, String> {
+        let mut why = Vec::new();
+        for n in names {
+            match Library::open(n) {
+                Ok(l) => return Ok(l),
+                Err(e) => why.push(e),
+            }
+        }
+        Err(why.join("; "))
+    }
+
+    /// Resolve `symbol` as a function pointer of type `F`.
+    ///
+    /// # Safety
+    /// `F` must be the symbol's true C function type.
+    unsafe fn get<F: Copy>(&self, symbol: &str) -> Result<F> {
+        debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+        let c = CString::new(symbol).map_err(|e| Error::internal(e.to_string()))?;
+        let p = libc::dlsym(self.handle, c.as_ptr());
+        if p.is_null() {
+            return Err(Error::unavailable(format!(
+                "{} has no symbol {symbol} (driver too old?)",
+                self.name
+            )));
+        }
+        Ok(std::mem::transmute_copy::<*mut c_void, F>(&p))
+    }
+}
+
+/// NVRTC libraries to try, newest first.
+const NVRTC_NAMES: [&str; 4] = [
+    "libnvrtc.so.13",
+    "libnvrtc.so.12",
+    "libnvrtc.so.11.2",
+    "libnvrtc.so",
+];
+const HIPRTC_NAMES: [&str; 2] = ["libhiprtc.so", "libhiprtc.so.6"];
+
+/// Load the driver and run-time compiler of `vendor` and resolve the table.
+pub fn load(vendor: Vendor) -> Result<Api> {
+    let unavailable = |what: &str, why: String| {
+        Error::unavailable(format!(
+            "the {} {what} could not be loaded: {why}",
+            vendor.name()
+        ))
+    };
+    match vendor {
+        Vendor::Cuda => {
+            let drv = Library::open(vendor.driver_library())
+                .map_err(|e| unavailable("driver (libcuda.so.1)", e))?;
+            let rtc = Library::open_any(&NVRTC_NAMES).map_err(|e| {
+                unavailable(
+                    "run-time compiler (libnvrtc.so.13/.12/.11.2/libnvrtc.so)",
+                    e,
+                )
+            })?;
+            // SAFETY: each type below is the documented signature of the CUDA driver / NVRTC
+            // entry point named next to it (versioned `_v2` names where cuda.h redirects).
+            unsafe {
+                Ok(Api {
+                    vendor,
+                    cuInit: drv.get("cuInit")?,
+                    cuDriverGetVersion: drv.get("cuDriverGetVersion")?,
+                    cuDeviceGet: drv.get("cuDeviceGet")?,
+                    cuDeviceGetAttribute: drv.get("cuDeviceGetAttribute")?,
+                    cuDeviceGetName: drv.get("cuDeviceGetName")?,
+                    cuDevicePrimaryCtxRetain: drv.get("cuDevicePrimaryCtxRetain")?,
+                    cuCtxPushCurrent: drv.get("cuCtxPushCurrent_v2")?,
+                    cuCtxPopCurrent: drv.get("cuCtxPopCurrent_v2")?,
+                    cuModuleLoadData: drv.get("cuModuleLoadData")?,
+                    cuModuleGetFunction: drv.get("cuModuleGetFunction")?,
+                    cuLaunchKernel: drv.get("cuLaunchKernel")?,
+                    cuGetErrorName: drv.get("cuGetErrorName")?,
+                    rtc: Rtc {
+                        library: rtc.name.clone(),
+                        nvrtcVersion: rtc.get("nvrtcVersion")?,
+                        nvrtcGetErrorString: rtc.get("nvrtcGetErrorString")?,
+                        nvrtcCreateProgram: rtc.get("nvrtcCreateProgram")?,
+                        nvrtcCompileProgram: rtc.get("nvrtcCompileProgram")?,
+                        nvrtcGetProgramLogSize: rtc.get("nvrtcGetProgramLogSize")?,
+                        nvrtcGetProgramLog: rtc.get("nvrtcGetProgramLog")?,
+                        nvrtcGetCUBINSize: rtc.get("nvrtcGetCUBINSize")?,
+                        nvrtcGetCUBIN: rtc.get("nvrtcGetCUBIN")?,
+                        nvrtcDestroyProgram: rtc.get("nvrtcDestroyProgram")?,
+                    },
+                })
+            }
+        }
+        Vendor::Hip => {
+            let rtc = Library::open_any(&HIPRTC_NAMES)
+                .map_err(|e| unavailable("run-time compiler (libhiprtc.so)", e))?;
+            let rtc_table = unsafe { hip_rtc(&rtc)? };
+            hip_driver(vendor, rtc_table)
+        }
+    }
+}
+
+/// # Safety
+/// The types are hipRTC's documented signatures (same shapes as NVRTC's).
+unsafe fn hip_rtc(rtc: &Library) -> Result<Rtc> {
+    Ok(Rtc {
+        library: rtc.name.clone(),
+        nvrtcVersion: rtc.get("hiprtcVersion")?,
+        nvrtcGetErrorString: rtc.get("hiprtcGetErrorString")?,
+        nvrtcCreateProgram: rtc.get("hiprtcCreateProgram")?,
+        nvrtcCompileProgram: rtc.get("hiprtcCompileProgram")?,
+        nvrtcGetProgramLogSize: rtc.get("hiprtcGetProgramLogSize")?,
+        nvrtcGetProgramLog: rtc.get("hiprtcGetProgramLog")?,
+        nvrtcGetCUBINSize: rtc.get("hiprtcGetCodeSize")?,
+        nvrtcGetCUBIN: rtc.get("hiprtcGetCode")?,
+        nvrtcDestroyProgram: rtc.get("hiprtcDestroyProgram")?,
+    })
+}
+
+/// HIP driver symbols from `libamdhip64.so`, opened at run time (default build).
+#[cfg(not(feature = "hip-link"))]
+fn hip_driver(vendor: Vendor, rtc: Rtc) -> Result<Api> {
+    let drv = Library::open(vendor.driver_library()).map_err(|e| {
+        Error::unavailable(format!(
+            "the HIP runtime (libamdhip64.so) could not be loaded: {e}"
+        ))
+    })?;
+    // SAFETY: the hip* entry points below have the same C signatures as the CUDA ones in the
+    // table (hipModule_t/hipFunction_t/hipCtx_t/hipStream_t are opaque pointers, hipDevice_t
+    // an int).
+    unsafe {
+        Ok(Api {
+            vendor,
+            cuInit: drv.get("hipInit")?,
+            cuDriverGetVersion: drv.get("hipDriverGetVersion")?,
+            cuDeviceGet: drv.get("hipDeviceGet")?,
+            cuDeviceGetAttribute: drv.get("hipDeviceGetAttribute")?,
+            cuDeviceGetName: drv.get("hipDeviceGetName")?,
+            cuDevicePrimaryCtxRetain: drv.get("hipDevicePrimaryCtxRetain")?,
+            cuCtxPushCurrent: drv.get("hipCtxPushCurrent")?,
+            cuCtxPopCurrent: drv.get("hipCtxPopCurrent")?,
+            cuModuleLoadData: drv.get("hipModuleLoadData")?,
+            cuModuleGetFunction: drv.get("hipModuleGetFunction")?,
+            cuLaunchKernel: drv.get("hipModuleLaunchKernel")?,
+            cuGetErrorName: drv.get("hipDrvGetErrorName")?,
+            rtc,
+        })
+    }
+}
+
+/// With `hip-link`, the HIP driver symbols come from `hip-runtime-sys` (linked at build time);
+/// hipRTC is still opened at run time. Not built or tested here (needs ROCm headers).
+#[cfg(feature = "hip-link")]
+fn hip_driver(vendor: Vendor, rtc: Rtc) -> Result<Api> {
+    use hip_runtime_sys as h;
+    // SAFETY: reinterpreting the linked functions' pointers as the table's equivalent C types.
+    unsafe {
+        macro_rules! f {
+            ($s:ident) => {
+                std::mem::transmute::<*const (), _>(h::$s as *const ())
+            };
+        }
+        Ok(Api {
+            vendor,
+            cuInit: f!(hipInit),
+            cuDriverGetVersion: f!(hipDriverGetVersion),
+            cuDeviceGet: f!(hipDeviceGet),
+            cuDeviceGetAttribute: f!(hipDeviceGetAttribute),
+            cuDeviceGetName: f!(hipDeviceGetName),
+            cuDevicePrimaryCtxRetain: f!(hipDevicePrimaryCtxRetain),
+            cuCtxPushCurrent: f!(hipCtxPushCurrent),
+            cuCtxPopCurrent: f!(hipCtxPopCurrent),
+            cuModuleLoadData: f!(hipModuleLoadData),
+            cuModuleGetFunction: f!(hipModuleGetFunction),
+            cuLaunchKernel: f!(hipModuleLaunchKernel),
+            cuGetErrorName: f!(hipDrvGetErrorName),
+            rtc,
+        })
+    }
+}
+
+impl Api {
+    /// "CUDA_ERROR_INVALID_VALUE (1)" for a driver result code.
+    pub fn error_name(&self, code: c_int) -> String {
+        let mut p: *const c_char = std::ptr::null();
+        // SAFETY: the driver writes a pointer to a static string or leaves it NULL.
+        let ok = unsafe { (self.cuGetErrorName)(code, &mut p) } == 0 && !p.is_null();
+        if ok {
+            let name = unsafe { CStr::from_ptr(p) }.to_string_lossy();
+            format!("{name} ({code})")
+        } else {
+            format!("error {code}")
+        }
+    }
+
+    /// A driver result as `Result`: non-zero → DEVICE_ERROR naming the call.
+    pub fn check(&self, code: c_int, call: &str) -> Result<()> {
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(Error::device(format!(
+                "{call} failed: {}",
+                self.error_name(code)
+            )))
+        }
+    }
+
+    /// An RTC result: non-zero → COMPILE_ERROR with the compiler's error string.
+    pub fn rtc_check(&self, code: c_int, call: &str) -> Result<()> {
+        if code == 0 {
+            return Ok(());
+        }
+        // SAFETY: returns a static string (or NULL).
+        let p = unsafe { (self.rtc.nvrtcGetErrorString)(code) };
+        let s = if p.is_null() {
+            format!("error {code}")
+        } else {
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        };
+        Err(Error::new(
+            crate::error::Status::CompileError,
+            format!("{call} failed: {s}"),
+        ))
+    }
+
+    /// (major, minor) of the run-time compiler.
+    pub fn rtc_version(&self) -> Result<(i32, i32)> {
+        let (mut a, mut b) = (0, 0);
+        self.rtc_check(
+            unsafe { (self.rtc.nvrtcVersion)(&mut a, &mut b) },
+            "nvrtcVersion",
+        )?;
+        Ok((a, b))
+    }
+}

@@ -1,0 +1,517 @@
+//! GPU backends (CUDA and HIP through one code path). Vendor runtimes are loaded at run time
+//! (`driver`): a missing library or symbol is BACKEND_UNAVAILABLE with a message, never a
+//! crash. Kernels (`kernels/*.cu`) are compiled for the device's arch and cached (`cache`).
+
+pub mod cache;
+pub mod driver;
+pub mod launch;
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+use std::sync::{Arc, Mutex};
+
+use once_cell::sync::Lazy;
+
+use super::{Backend, Caps};
+use crate::error::{Error, Result};
+use crate::moe::{MoeConfig, MoeLaunch};
+use crate::types::{
+    feature, ActDtype, Activation, BackendKind, GateMode, ScaleLayout, WeightFormat, WeightLayout,
+};
+use driver::{Api, Handle};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Vendor {
+    Cuda,
+    Hip,
+}
+
+impl Vendor {
+    pub fn name(self) -> &'static str {
+        match self {
+            Vendor::Cuda => "CUDA",
+            Vendor::Hip => "HIP",
+        }
+    }
+    /// The driver library that must load for this vendor.
+    pub fn driver_library(self) -> &'static str {
+        match self {
+            Vendor::Cuda => "libcuda.so.1",
+            Vendor::Hip => "libamdhip64.so",
+        }
+    }
+}
+
+/// Try to open a shared library; the error text is dlerror's.
+pub fn probe_library(name: &str) -> std::result::Result<(), String> {
+    let c = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
+    // SAFETY: dlopen with a valid C string; the handle is closed right away.
+    unsafe {
+        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        if h.is_null() {
+            let err = libc::dlerror();
+            let msg = if err.is_null() {
+                "unknown dlopen error".to_string()
+            } else {
+                std::ffi::CStr::from_ptr(err).to_string_lossy().into_owned()
+            };
+            return Err(msg);
+        }
+        libc::dlclose(h);
+    }
+    Ok(())
+}
+
+/// The loaded runtime of each vendor, or why it could not be loaded (tried once).
+static CUDA_API: Lazy<Result<Api>> = Lazy::new(|| {
+    let api = driver::load(Vendor::Cuda)?;
+    // SAFETY: cuInit(0) is the documented first call; it may be repeated.
+    let rc = unsafe { (api.cuInit)(0) };
+    if rc != 0 {
+        return Err(Error::unavailable(format!(
+            "cuInit failed: {} (no usable NVIDIA GPU or driver)",
+            api.error_name(rc)
+        )));
+    }
+    Ok(api)
+});
+static HIP_API: Lazy<Result<Api>> = Lazy::new(|| driver::load(Vendor::Hip));
+
+/// One backend per (vendor, device), opened on first use.
+type DeviceTable = HashMap<(Vendor, i32), Arc<GpuBackend>>;
+static DEVICES: Lazy<Mutex<DeviceTable>> = Lazy::new(|| Mutex::new(HashMap::new()));
+
+pub fn backend(vendor: Vendor, device_id: i32) -> Result<Arc<dyn Backend>> {
+    if device_id < 0 {
+        return Err(Error::invalid(format!(
+            "device_id: expected >= 0, got {device_id}"
+        )));
+    }
+    let api = match vendor {
+        Vendor::Cuda => &*CUDA_API,
+        Vendor::Hip => &*HIP_API,
+    };
+    let api: &'static Api = api.as_ref().map_err(|e| e.clone())?;
+    if vendor == Vendor::Hip {
+        // The loader resolves HIP, but the kernels have not run on an AMD GPU yet: refuse
+        // rather than claim support nobody has tested.
+        return Err(Error::unavailable(
+            "the HIP runtime loaded, but the HIP fused_moe backend is not validated on an AMD GPU yet",
+        ));
+    }
+    let mut devices = DEVICES
+        .lock()
+        .map_err(|_| Error::internal("device table poisoned"))?;
+    if let Some(b) = devices.get(&(vendor, device_id)) {
+        return Ok(b.clone());
+    }
+    let b = Arc::new(GpuBackend::open(api, device_id)?);
+    devices.insert((vendor, device_id), b.clone());
+    Ok(b)
+}
+
+/// The kernels of one compiled configuration.
+#[derive(Clone, Copy)]
+struct Kernels {
+    route: Handle,
+    stage1: Handle,
+    stage2: Handle,
+    reduce: Handle,
+}
+// Function handles are process-wide driver objects, usable from any thread.
+unsafe impl Send for Kernels {}
+
+pub struct GpuBackend {
+    api: &'static Api,
+    device_id: i32,
+    ctx: Handle,
+    arch: String,
+    name: String,
+    runtime_version: String,
+    kernels: Mutex<HashMap<Vec<String>, Kernels>>,
+}
+// The primary context handle is shared by the driver across threads.
+unsafe impl Send for GpuBackend {}
+unsafe impl Sync for GpuBackend {}
+
+/// Pushes the device's primary context for the scope of a call, pops it on drop.
+struct CtxGuard<'a>(&'a Api);
+impl Drop for CtxGuard<'_> {
+    fn drop(&mut self) {
+        let mut old: Handle = std::ptr::null_mut();
+        // SAFETY: pops what `GpuBackend::enter` pushed on this thread.
+        unsafe { (self.0.cuCtxPopCurrent)(&mut old) };
+    }
+}
+
+const CC_MAJOR: i32 = 75; // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+const CC_MINOR: i32 = 76;
+
+impl GpuBackend {
+    fn open(api: &'static Api, device_id: i32) -> Result<GpuBackend> {
+        let mut dev = 0;
+        // SAFETY: plain driver queries with valid out-pointers.
+        unsafe {
+            let rc = (api.cuDeviceGet)(&mut dev, device_id);
+            if rc != 0 {
+                return Err(Error::invalid(format!(
+                    "device_id: no CUDA device {device_id} ({})",
+                    api.error_name(rc)
+                )));
+            }
+            let (mut major, mut minor, mut drv) = (0, 0, 0);
+            api.check(
+                (api.cuDeviceGetAttribute)(&mut major, CC_MAJOR, dev),
+                "cuDeviceGetAttribute(compute capability major)",
+            )?;
+            api.check(
+                (api.cuDeviceGetAttribute)(&mut minor, CC_MINOR, dev),
+                "cuDeviceGetAttribute(compute capability minor)",
+            )?;
+            api.check((api.cuDriverGetVersion)(&mut drv), "cuDriverGetVersion")?;
+            let mut name = [0 as std::ffi::c_char; 128];
+            api.check(
+                (api.cuDeviceGetName)(name.as_mut_ptr(), 128, dev),
+                "cuDeviceGetName",
+            )?;
+            let name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
+            let mut ctx: Handle = std::ptr::null_mut();
+            api.check(
+                (api.cuDevicePrimaryCtxRetain)(&mut ctx, dev),
+                "cuDevicePrimaryCtxRetain",
+            )?;
+            let (rmaj, rmin) = api.rtc_version()?;
+            Ok(GpuBackend {
+                api,
+                device_id,
+                ctx,
+                arch: format!("sm_{major}{minor}"),
+                name,
+                runtime_version: format!(
+                    "CUDA driver {}.{} / NVRTC {rmaj}.{rmin}",
+                    drv / 1000,
+                    (drv % 1000) / 10
+                ),
+                kernels: Mutex::new(HashMap::new()),
+            })
+        }
+    }
+
+    fn enter(&self) -> Result<CtxGuard<'_>> {
+        // SAFETY: the primary context was retained in `open` and is never released.
+        self.api.check(
+            unsafe { (self.api.cuCtxPushCurrent)(self.ctx) },
+            "cuCtxPushCurrent",
+        )?;
+        Ok(CtxGuard(self.api))
+    }
+
+    /// The kernels for `defines`, compiled (or read from the disk cache) and loaded once
+    /// per device and configuration.
+    fn kernels(&self, defines: Vec<String>) -> Result<Kernels> {
+        let mut map = self
+            .kernels
+            .lock()
+            .map_err(|_| Error::internal("kernel table poisoned"))?;
+        if let Some(k) = map.get(&defines) {
+            return Ok(*k);
+        }
+        let compiled = cache::compile(self.api, &self.arch, &defines)?;
+        record_compile(&compiled);
+        let api = self.api;
+        let mut module: Handle = std::ptr::null_mut();
+        // SAFETY: the binary is a complete cubin; the module lives as long as the process.
+        unsafe {
+            api.check(
+                (api.cuModuleLoadData)(&mut module, compiled.binary.as_ptr() as *const c_void),
+                "cuModuleLoadData",
+            )?;
+        }
+        let get = |name: &CStr| -> Result<Handle> {
+            let mut f: Handle = std::ptr::null_mut();
+            api.check(
+                unsafe { (api.cuModuleGetFunction)(&mut f, module, name.as_ptr()) },
+                &format!("cuModuleGetFunction({})", name.to_string_lossy()),
+            )?;
+            Ok(f)
+        };
+        let k = Kernels {
+            route: get(c"moe_route")?,
+            stage1: get(c"moe_stage1")?,
+            stage2: get(c"moe_stage2")?,
+            reduce: get(c"moe_reduce")?,
+        };
+        map.insert(defines, k);
+        Ok(k)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        f: Handle,
+        grid: (u32, u32),
+        block: u32,
+        shared: u32,
+        stream: Handle,
+        params: &launch::KernelParams,
+        what: &str,
+    ) -> Result<()> {
+        let mut arg = params as *const launch::KernelParams as *mut c_void;
+        // SAFETY: one by-value struct parameter matching the kernel's `Params`.
+        let rc = unsafe {
+            (self.api.cuLaunchKernel)(
+                f,
+                grid.0,
+                grid.1,
+                1,
+                block,
+                1,
+                1,
+                shared,
+                stream,
+                &mut arg,
+                std::ptr::null_mut(),
+            )
+        };
+        self.api.check(rc, &format!("cuLaunchKernel({what})"))
+    }
+}
+
+/// What the kernels can run, exactly what tests/gpu proves on an H200.
+fn gpu_caps(arch: &str, runtime_version: &str) -> Caps {
+    use WeightFormat as F;
+    Caps {
+        backend: Some(BackendKind::Cuda),
+        arch: arch.to_string(),
+        runtime_version: runtime_version.to_string(),
+        weight_formats: WeightFormat::mask_of(&[
+            F::Bf16,
+            F::Fp16,
+            F::Fp8PerTensor,
+            F::Fp8PerChannel,
+            F::Fp8Block128,
+            F::Mxfp4,
+            F::Mxfp8,
+        ]),
+        act_dtypes: ActDtype::mask_of(&[ActDtype::Bf16, ActDtype::Fp16]),
+        gate_modes: GateMode::mask_of(GateMode::ALL),
+        activations: Activation::mask_of(Activation::ALL),
+        weight_layouts: WeightLayout::mask_of(WeightLayout::ALL),
+        scale_layouts: ScaleLayout::mask_of(&[ScaleLayout::Plain, ScaleLayout::AiterE8m0]),
+        features: feature::BIAS
+            | feature::EXPERT_MASK
+            | feature::NUM_LOCAL_TOKENS
+            | feature::ROUTER_WEIGHT_ON_INPUT
+            | feature::GRAPH_CAPTURE,
+    }
+}
+
+impl Backend for GpuBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn caps(&self) -> Caps {
+        gpu_caps(&self.arch, &self.runtime_version)
+    }
+
+    fn check(&self, config: &MoeConfig) -> Result<()> {
+        super::check_against_caps(&self.caps(), config).map_err(|e| {
+            if config.act_dtype.is_quantized() {
+                Error::unsupported(format!(
+                    "{} (the CUDA backend computes with bf16/fp16 activations only so far: \
+                     pass act_dtype bf16 or fp16 explicitly)",
+                    e.message
+                ))
+            } else {
+                e
+            }
+        })
+    }
+
+    fn workspace_size(&self, launch: &MoeLaunch) -> Result<usize> {
+        self.check(&launch.config)?;
+        Ok(launch::plan(launch)?.workspace_bytes)
+    }
+
+    fn fused_moe(&self, l: &MoeLaunch) -> Result<()> {
+        self.check(&l.config)?;
+        let plan = launch::plan(l)?;
+        if plan.m == 0 {
+            return Ok(());
+        }
+        let ws = launch::workspace_ptr(l, &plan)?;
+        let _ctx = self.enter()?;
+        let k = self.kernels(launch::defines(l))?;
+        let p = launch::params(l, &plan, ws);
+        let stream = l.stream as Handle;
+        let tiles = plan.max_tiles as u32;
+        let n_tiles = |n: usize| n.div_ceil(launch::TILE_N) as u32;
+        let c = &l.config.layout;
+        self.launch(
+            k.route,
+            (1, 1),
+            launch::ROUTE_THREADS,
+            plan.route_shared_bytes as u32,
+            stream,
+            &p,
+            "moe_route",
+        )?;
+        self.launch(
+            k.stage1,
+            (tiles, n_tiles(c.intermediate_size)),
+            launch::THREADS,
+            0,
+            stream,
+            &p,
+            "moe_stage1",
+        )?;
+        self.launch(
+            k.stage2,
+            (tiles, n_tiles(c.hidden_size)),
+            launch::THREADS,
+            0,
+            stream,
+            &p,
+            "moe_stage2",
+        )?;
+        self.launch(
+            k.reduce,
+            (
+                plan.m as u32,
+                (plan.out_cols as u32).div_ceil(launch::THREADS),
+            ),
+            launch::THREADS,
+            0,
+            stream,
+            &p,
+            "moe_reduce",
+        )
+    }
+}
+
+/// Cold compile statistics for `describe`.
+static COMPILES: Lazy<Mutex<(usize, usize, f64)>> = Lazy::new(|| Mutex::new((0, 0, 0.0)));
+
+fn record_compile(c: &cache::Compiled) {
+    if let Ok(mut s) = COMPILES.lock() {
+        if c.from_disk {
+            s.1 += 1;
+        } else {
+            s.0 += 1;
+            s.2 += c.seconds;
+        }
+    }
+}
+
+/// A few lines for `moeplug info`: the runtime, the device, the kernel cache directory and
+/// the cold compile time of the fused MoE kernels (measured now, bypassing the disk cache).
+pub fn describe() -> String {
+    let mut out = String::new();
+    let dir = cache::cache_dir()
+        .map(|d| d.display().to_string())
+        .unwrap_or_else(|| "(none: set MOEPLUG_CACHE_DIR or HOME)".into());
+    out.push_str(&format!("kernel cache: {dir}\n"));
+    let b = match backend(Vendor::Cuda, 0) {
+        Ok(b) => b,
+        Err(e) => {
+            out.push_str(&format!("cuda: unavailable: {}\n", e.message));
+            return out;
+        }
+    };
+    let caps = b.caps();
+    out.push_str(&format!(
+        "cuda:0: {} ({}), {}\n",
+        DEVICES
+            .lock()
+            .ok()
+            .and_then(|d| d.get(&(Vendor::Cuda, 0)).map(|g| g.name.clone()))
+            .unwrap_or_default(),
+        caps.arch,
+        caps.runtime_version
+    ));
+    if let Ok(api) = CUDA_API.as_ref() {
+        // A cold compile of the default configuration, not read from or written to the cache.
+        let defines: Vec<String> = [
+            "WFMT=1",
+            "WLAYOUT=2",
+            "SLAYOUT=0",
+            "GATE=1",
+            "ACT=1",
+            "ACT_F16=0",
+            "IN_F16=0",
+            "OUT_F16=0",
+            "HAS_BIAS=0",
+            "RWOI=0",
+            "HAS_MASK=0",
+            "FP8_FNUZ=0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let start = std::time::Instant::now();
+        match cache::compile_uncached(api, &caps.arch, &defines) {
+            Ok(bin) => out.push_str(&format!(
+                "fused_moe kernels: cold compile {:.2} s ({} KiB cubin)\n",
+                start.elapsed().as_secs_f64(),
+                bin.len() / 1024
+            )),
+            Err(e) => out.push_str(&format!("fused_moe kernels: compile failed: {}\n", e)),
+        }
+    }
+    if let Ok(s) = COMPILES.lock() {
+        out.push_str(&format!(
+            "this process: {} configurations compiled ({:.2} s), {} read from the cache\n",
+            s.0, s.2, s.1
+        ));
+    }
+    out
+}
+
+impl GpuBackend {
+    pub fn device_id(&self) -> i32 {
+        self.device_id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Status;
+
+    #[test]
+    fn cuda_without_a_driver_is_unavailable_not_a_crash() {
+        // On machines without libcuda (CI, the dev box) the answer is BACKEND_UNAVAILABLE
+        // with the loader's reason; where a driver exists it must open device 0 or say why.
+        match (probe_library("libcuda.so.1"), backend(Vendor::Cuda, 0)) {
+            (Err(_), Err(e)) => {
+                assert_eq!(e.status, Status::BackendUnavailable);
+                assert!(e.message.contains("libcuda.so.1"), "{}", e.message);
+            }
+            (Err(_), Ok(_)) => panic!("a CUDA backend without libcuda.so.1"),
+            (Ok(_), r) => {
+                if let Err(e) = r {
+                    assert!(
+                        matches!(e.status, Status::BackendUnavailable | Status::DeviceError),
+                        "{e}"
+                    );
+                }
+            }
+        }
+        let e = backend(Vendor::Cuda, -1).err().expect("negative device id");
+        assert_eq!(e.status, Status::InvalidArgument);
+    }
+
+    #[test]
+    fn hip_is_unavailable_here() {
+        let e = backend(Vendor::Hip, 0)
+            .err()
+            .expect("no validated HIP backend");
+        assert_eq!(e.status, Status::BackendUnavailable);
+    }
+
+    #[test]
+    fn describe_names_the_cache_dir() {
+        assert!(describe().contains("kernel cache:"));
+    }
+}

@@ -1,0 +1,186 @@
+"""The moeplug C ABI through ctypes, for the GPU tests: the structs of include/moeplug.h and
+`moeplug_tensor` descriptors built from torch tensors (any device). Kept independent of the
+Python package so these tests run before it lands."""
+
+import ctypes
+import os
+from pathlib import Path
+
+STATUS = ["OK", "INVALID_ARGUMENT", "UNSUPPORTED", "LAYOUT_MISMATCH", "BACKEND_UNAVAILABLE",
+          "DEVICE_ERROR", "COMPILE_ERROR", "OUT_OF_MEMORY", "BUFFER_TOO_SMALL", "INTERNAL"]
+
+WEIGHT_FORMAT = dict(bf16=1, fp16=2, fp8_per_tensor=3, fp8_per_channel=4, fp8_block128=5,
+                     mxfp4=6, mxfp8=7)
+ACT_DTYPE = dict(default=0, bf16=1, fp16=2, fp8_per_token=3)
+GATE_MODE = dict(separated=1, interleave=2, interleave_rows=3)
+ACTIVATION = dict(silu=1, gelu=2, swiglu_oai=3)
+WEIGHT_LAYOUT = dict(plain=1, aiter_16x16=2)
+SCALE_LAYOUT = dict(none=0, plain=1, aiter_e8m0=2, cdna4_swizzle=3)
+FLAG_HAS_BIAS = 1
+FLAG_ROUTER_WEIGHT_ON_INPUT = 1 << 3
+
+
+class Device(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", Device), ("ndim", ctypes.c_int32),
+                ("dtype", DType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class Caps(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("abi_version", ctypes.c_uint32),
+                ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("backend", ctypes.c_int32), ("arch", ctypes.c_char * 32),
+                ("runtime_version", ctypes.c_char * 32), ("weight_formats", ctypes.c_uint32),
+                ("act_dtypes", ctypes.c_uint32), ("gate_modes", ctypes.c_uint32),
+                ("activations", ctypes.c_uint32), ("weight_layouts", ctypes.c_uint32),
+                ("scale_layouts", ctypes.c_uint32), ("features", ctypes.c_uint32)]
+
+
+class Layout(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("weight_format", ctypes.c_int32),
+                ("gate_mode", ctypes.c_int32), ("weight_layout", ctypes.c_int32),
+                ("scale_layout", ctypes.c_int32), ("num_experts", ctypes.c_int32),
+                ("hidden_size", ctypes.c_int64), ("intermediate_size", ctypes.c_int64),
+                ("hidden_padded", ctypes.c_int64), ("intermediate_padded", ctypes.c_int64),
+                ("flags", ctypes.c_uint32)]
+
+
+TP = ctypes.POINTER(Tensor)
+
+
+class FusedMoeArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("layout", ctypes.POINTER(Layout)),
+                ("activation", ctypes.c_int32), ("alpha", ctypes.c_float),
+                ("limit", ctypes.c_float), ("act_dtype", ctypes.c_int32),
+                ("flags", ctypes.c_uint32)] + [
+        (n, TP) for n in ["hidden_states", "hidden_scale", "w13", "w13_scale", "w13_bias", "w2",
+                          "w2_scale", "w2_bias", "topk_weights", "topk_ids", "expert_mask",
+                          "num_local_tokens", "output", "workspace"]] + [
+        ("stream", ctypes.c_void_p)]
+
+
+def library_path():
+    env = os.environ.get("MOEPLUG_LIBRARY")
+    if env:
+        return env
+    root = Path(__file__).resolve().parents[2]
+    for p in [root / "libmoeplug.so", root / "target/release/libmoeplug.so",
+              root / "target/debug/libmoeplug.so"]:
+        if p.exists():
+            return str(p)
+    return None
+
+
+_lib = None
+
+
+def lib():
+    global _lib
+    if _lib is None:
+        path = library_path()
+        if path is None:
+            raise OSError("libmoeplug.so not found (set MOEPLUG_LIBRARY)")
+        l = ctypes.CDLL(path)
+        l.moeplug_last_error.restype = ctypes.c_char_p
+        l.moeplug_get_caps.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(Caps)]
+        l.moeplug_check_fused_moe.argtypes = [ctypes.c_int32, ctypes.c_int32,
+                                              ctypes.POINTER(FusedMoeArgs)]
+        l.moeplug_fused_moe_workspace_size.argtypes = [ctypes.POINTER(FusedMoeArgs),
+                                                       ctypes.POINTER(ctypes.c_size_t)]
+        l.moeplug_fused_moe.argtypes = [ctypes.POINTER(FusedMoeArgs)]
+        for f in ["moeplug_get_caps", "moeplug_check_fused_moe",
+                  "moeplug_fused_moe_workspace_size", "moeplug_fused_moe"]:
+            getattr(l, f).restype = ctypes.c_int32
+        _lib = l
+    return _lib
+
+
+class MoeplugError(RuntimeError):
+    def __init__(self, status, message):
+        self.status = status
+        self.name = STATUS[status] if 0 <= status < len(STATUS) else "UNKNOWN"
+        super().__init__(f"{self.name}: {message}")
+
+
+def check(status):
+    if status != 0:
+        raise MoeplugError(status, lib().moeplug_last_error().decode())
+
+
+def get_caps(device_type=2, device_id=0):
+    c = Caps(struct_size=ctypes.sizeof(Caps))
+    check(lib().moeplug_get_caps(device_type, device_id, ctypes.byref(c)))
+    return c
+
+
+def _dtype_of(t):
+    import torch
+    table = {torch.bfloat16: (4, 16), torch.float16: (2, 16), torch.float32: (2, 32),
+             torch.int32: (0, 32), torch.uint8: (1, 8), torch.float8_e4m3fn: (10, 8),
+             torch.float8_e4m3fnuz: (11, 8)}
+    return table[t.dtype]
+
+
+class Desc:
+    """A `moeplug_tensor` for a torch tensor (kept alive with its shape array)."""
+
+    def __init__(self, t):
+        assert t.is_contiguous()
+        self.t = t
+        self.shape = (ctypes.c_int64 * max(t.dim(), 1))(*t.shape)
+        code, bits = _dtype_of(t)
+        dev = Device(2, t.device.index or 0) if t.is_cuda else Device(1, 0)
+        self.c = Tensor(t.data_ptr(), dev, t.dim(), DType(code, bits, 1), self.shape, None, 0)
+
+    def ptr(self):
+        return ctypes.pointer(self.c)
+
+
+def make_args(layout, tensors, *, activation="silu", alpha=0.0, limit=0.0, act_dtype="default",
+              router_weight_on_input=False, stream=None):
+    """Build `moeplug_fused_moe_args`; `tensors` maps field names to torch tensors."""
+    keep = [layout]
+    a = FusedMoeArgs(struct_size=ctypes.sizeof(FusedMoeArgs))
+    a.layout = ctypes.pointer(layout)
+    a.activation = ACTIVATION[activation]
+    a.alpha = alpha
+    a.limit = limit
+    a.act_dtype = ACT_DTYPE[act_dtype]
+    a.flags = FLAG_ROUTER_WEIGHT_ON_INPUT if router_weight_on_input else 0
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        d = Desc(t)
+        keep.append(d)
+        setattr(a, name, d.ptr())
+    a.stream = stream
+    a._keep = keep
+    return a
+
+
+def make_layout(weight_format, gate_mode, weight_layout, scale_layout, E, H, I, Hp, Ip, bias):
+    return Layout(ctypes.sizeof(Layout), WEIGHT_FORMAT[weight_format], GATE_MODE[gate_mode],
+                  WEIGHT_LAYOUT[weight_layout], SCALE_LAYOUT[scale_layout], E, H, I, Hp, Ip,
+                  FLAG_HAS_BIAS if bias else 0)
+
+
+def workspace_size(args):
+    n = ctypes.c_size_t(0)
+    check(lib().moeplug_fused_moe_workspace_size(ctypes.byref(args), ctypes.byref(n)))
+    return n.value
+
+
+def fused_moe(args):
+    check(lib().moeplug_fused_moe(ctypes.byref(args)))
+
+
+def check_fused_moe(args, device_type=2, device_id=0):
+    return lib().moeplug_check_fused_moe(device_type, device_id, ctypes.byref(args))

@@ -1,0 +1,37 @@
+"""Skip the GPU tests cleanly where they cannot run: no torch, no CUDA GPU, no library, or a
+library whose CUDA backend does not load."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def _why_not():
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    import _abi
+    try:
+        _abi.lib()
+    except OSError as e:
+        return f"libmoeplug cannot be loaded: {e}"
+    try:
+        _abi.get_caps(2, 0)
+    except _abi.MoeplugError as e:
+        return f"the CUDA backend is unavailable: {e}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    why = _why_not()
+    if why:
+        skip = pytest.mark.skip(reason=why)
+        for item in items:
+            if "tests/gpu" in str(item.fspath):
+                item.add_marker(skip)
