@@ -69,9 +69,11 @@ pub fn exists(p: &Path) -> bool {
 }
 
 mod prep_helpers;
+#[allow(unused_imports)]
 pub use prep_helpers::*;
 
 mod moe_helpers;
+#[allow(unused_imports)]
 pub use moe_helpers::*;
 
 /// Deterministic test randomness without a dependency (splitmix64).

@@ -4,6 +4,7 @@
 
 use std::ffi::CStr;
 
+#[allow(unused_imports)]
 use super::Rng;
 use moeplug::capi::types::*;
 use moeplug::capi::{moeplug_fused_moe, moeplug_fused_moe_workspace_size, moeplug_last_error};

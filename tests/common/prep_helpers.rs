@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
+#[allow(unused_imports)]
 use super::Rng;
 use moeplug::capi::types::*;
 use serde_json::Value;
