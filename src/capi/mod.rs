@@ -162,10 +162,29 @@ pub unsafe extern "C" fn moeplug_fused_moe_workspace_size(
     }))
 }
 
-/// Run fused MoE: `output = Σ_s w[t,s] · act(x_t W13[e]ᵀ + b13) W2[e]ᵀ + b2` (API.md §6),
-/// on the backend of the tensors' device, asynchronously on `args->stream` for GPU memory,
-/// synchronously for host memory. Never allocates device memory, never synchronizes.
-/// The layout record is checked against the tensors: a disagreement is LAYOUT_MISMATCH.
+/// Run fused MoE: `output[t] = Σ_s w[t,s] · (act(x_t W13[e]ᵀ + b13[e]) W2[e]ᵀ + b2[e])` with
+/// e = topk_ids[t, s] (API.md §6), on the backend that owns the tensors' memory: host tensors
+/// run synchronously on the CPU worker pool, device tensors asynchronously on `args->stream`.
+/// A launch never allocates device memory, never synchronizes and never reads device memory
+/// from the host (graph-capturable).
+///
+/// Tensors (borrowed for the call; for device work keep them alive until the stream is done):
+/// `hidden_states` `[M, H]` or `[M, H_pad]` bf16/fp16 (padded columns ignored); `output`
+/// `[M, H]` or `[M, H_pad]` bf16/fp16 (padded columns and rows >= num_local_tokens written as
+/// zero); `w13` `[E, 2·I_pad, H_pad]`, `w2` `[E, H_pad, I_pad]` as recorded in `args->layout`
+/// (packed fp4 as `{17,4,1}` or uint8 with the last dimension halved; fp8 as e4m3fn/e4m3fnuz,
+/// uint8 = e4m3fn); scales per format; fp32 biases `[E, 2·I_pad]`, `[E, H_pad]` present exactly
+/// when the record has HAS_BIAS; `topk_weights` fp32 and `topk_ids` int32 `[M, k]` (ids
+/// outside the experts, or masked off, contribute nothing); optional `expert_mask` int32
+/// `[E_global]` / `[E_global + 1]` of 0/1 with E ones, `num_local_tokens` int32 `[1]`
+/// (clamped to [0, M]); `workspace` uint8, at least `moeplug_fused_moe_workspace_size` bytes
+/// (NULL when that is 0).
+///
+/// Errors: INVALID_ARGUMENT (NULL or malformed argument), LAYOUT_MISMATCH (a tensor disagrees
+/// with the record, or the record with what the backend reads), UNSUPPORTED (the backend
+/// cannot run this configuration: `moeplug_check_fused_moe` says so up front),
+/// BUFFER_TOO_SMALL (workspace), BACKEND_UNAVAILABLE / DEVICE_ERROR / COMPILE_ERROR (GPU).
+/// `output` is written only on success for host tensors.
 #[no_mangle]
 pub unsafe extern "C" fn moeplug_fused_moe(args: *const moeplug_fused_moe_args) -> moeplug_status {
     status(guard("moeplug_fused_moe", || {
