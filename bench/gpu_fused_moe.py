@@ -17,6 +17,9 @@ import _abi  # noqa: E402
 from moe_ref import make_moe  # noqa: E402
 
 BW, PEAK = 4.3e12, 790e12
+# Activation dtype of every run: "default" = each format's DEFAULT (API.md §2: FP8_PER_TOKEN,
+# FP8_BLOCK128, MXFP8 quantize; MXFP4 and 16-bit formats run bf16).
+ACT = os.environ.get("BENCH_ACT", "default")
 MODELS = {  # E trimmed for memory; H, I, k real
     "gpt-oss-120b": dict(E=32, k=4, H=2880, I=2880, Hp=3072, Ip=3072, act="swiglu_oai", bias=True),
     "deepseek-v3": dict(E=64, k=8, H=7168, I=2048, Hp=7168, Ip=2048, act="silu", bias=False),
@@ -45,7 +48,7 @@ def bench(model, fmt, M, sets, iters):
         t = dict(hidden_states=x, w13=m["w13"], w13_scale=m["w13_scale"], w2=m["w2"],
                  w2_scale=m["w2_scale"], w13_bias=m.get("w13_bias"), w2_bias=m.get("w2_bias"),
                  topk_weights=w, topk_ids=ids, output=out)
-        kw = dict(activation=c["act"], act_dtype="bf16",
+        kw = dict(activation=c["act"], act_dtype=ACT,
                   stream=torch.cuda.current_stream().cuda_stream)
         a = _abi.make_args(lay, t, **kw)
         t["workspace"] = torch.empty(_abi.workspace_size(a), dtype=torch.uint8, device="cuda")
@@ -66,7 +69,7 @@ def bench(model, fmt, M, sets, iters):
     flops = 2 * M * k * (2 * I * H + I * H)
     floor = max((wbytes + M * H * 4) / BW, flops / PEAK)
     t = statistics.median(times)
-    return dict(model=model, fmt=fmt, M=M, median_s=t, floor_s=floor, ratio=t / floor,
+    return dict(model=model, fmt=fmt, act_dtype=ACT, M=M, median_s=t, floor_s=floor, ratio=t / floor,
                 experts_hit=hit, tflops=flops / t / 1e12, gbps=(wbytes + M * H * 4) / t / 1e9)
 
 

@@ -3,9 +3,17 @@
 // weight, and a per-token reduction in a fixed order (deterministic, no float atomics).
 //
 // Compile-time configuration (-D): WFMT (moeplug_weight_format), WLAYOUT (1 plain,
-// 2 AITER 16x16 = LAYOUTS F1), SLAYOUT (0 none, 1 plain, 2 AITER e8m0 = F3), GATE
-// (moeplug_gate_mode), ACT (moeplug_activation), ACT_F16/IN_F16/OUT_F16 (0 = bf16),
-// HAS_BIAS, RWOI (router weight on input), HAS_MASK, FP8_FNUZ.
+// 2 AITER 16x16 = LAYOUTS F1), SLAYOUT (0 none, 1 plain, 2 AITER e8m0 = F3, 3 CDNA4 swizzle =
+// F3 per expert with 32-row alignment), GATE (moeplug_gate_mode), ACT (moeplug_activation),
+// ACT_F16/IN_F16/OUT_F16 (0 = bf16), ACT_Q (0 = 16-bit activations, else the quantized
+// moeplug_act_dtype), HAS_BIAS, RWOI (router weight on input), HAS_MASK, FP8_FNUZ (the fp8
+// flavour of the weights, and of fp8 activations).
+//
+// Quantized activations (ACT_Q != 0) follow the CPU backend (src/moe/actquant.rs): each stage
+// input row is quantized once into the workspace (one code byte per element + one f32 scale
+// per group: the row for FP8_PER_TOKEN / FP8_PER_TENSOR, 128 for FP8_BLOCK128, 32 for MX),
+// and the GEMMs read code * scale. FP8_PER_TENSOR takes one amax over the whole stage input
+// (a device-side atomicMax; the route kernel zeroes it).
 #include "moeplug_port.h"
 
 #define BM 32        // rows (token, slot pairs) per tile; the sort pads each expert to BM
@@ -19,10 +27,28 @@ struct Params {
   u64 x, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias;
   u64 topk_weights, topk_ids, expert_mask, num_local_tokens, out;
   u64 total_tiles, tile_expert, sorted_rows, pair_local, inter, y;
-  int M, topk, E, E_global, H, Hp, I, Ip, x_cols, out_cols, max_tiles, pad0;
+  u64 amax, xq, xs, aq, as;  // amax: 2 x u32 (stage 1, stage 2); codes u8; scales f32
+  int M, topk, E, E_global, H, Hp, I, Ip, x_cols, out_cols, max_tiles, ng1;
   float alpha, limit;
-  int has_limit, pad1;
+  int has_limit, ng2;
 };
+
+#ifndef ACT_Q
+#define ACT_Q 0
+#endif
+// Elements per scale group along K (0 = the whole row).
+#if ACT_Q == 5
+#define QG 128
+#elif ACT_Q == 6 || ACT_Q == 7
+#define QG 32
+#else
+#define QG 0
+#endif
+#if QG
+#define QGROUP(k) ((k) / QG)
+#else
+#define QGROUP(k) 0
+#endif
 
 // ---- weights ----------------------------------------------------------------------------
 
@@ -42,13 +68,17 @@ __device__ __forceinline__ i64 f3_offset(i64 r, int c, int sn) {
          ((c >> 2) & 1) * 2 + ((r >> 4) & 1);
 }
 
-__device__ __forceinline__ float mx_scale(const u8* S, i64 row, int k, int K) {
+// e8m0 scale of (expert e, row n, column k) of an [E, N, K] matrix (src/backend/cpu/weights.rs).
+__device__ __forceinline__ float mx_scale(const u8* S, int e, int n, int N, int k, int K) {
   int kb = k >> 5, nkb = K >> 5;
 #if SLAYOUT == 2
   int sn = (nkb + 7) & ~7;
-  return mp_e8m0_to_f32(S[f3_offset(row, kb, sn)]);
+  return mp_e8m0_to_f32(S[f3_offset((i64)e * N + n, kb, sn)]);
+#elif SLAYOUT == 3
+  int sn = (nkb + 7) & ~7;
+  return mp_e8m0_to_f32(S[(i64)e * ((N + 31) >> 5) * 32 * sn + f3_offset(n, kb, sn)]);
 #else
-  return mp_e8m0_to_f32(S[row * nkb + kb]);
+  return mp_e8m0_to_f32(S[((i64)e * N + n) * nkb + kb]);
 #endif
 }
 
@@ -75,14 +105,14 @@ __device__ __forceinline__ float load_w(const u8* W, const u8* S, int e, int n, 
   int nb = (N + 127) >> 7, kb = (K + 127) >> 7;
   return v * ((const float*)S)[((i64)e * nb + (n >> 7)) * kb + (k >> 7)];
 #else
-  return v * mx_scale(S, (i64)e * N + n, k, K);
+  return v * mx_scale(S, e, n, N, k, K);
 #endif
 #elif WFMT == 6
   int kbytes = K >> 1;
   const u8* w = W + (i64)e * N * kbytes;
   u32 b = w[w_offset(n, k >> 1, kbytes, 16)];
   float v = mp_e2m1_to_f32((k & 1) ? (b >> 4) : b);
-  return v * mx_scale(S, (i64)e * N + n, k, K);
+  return v * mx_scale(S, e, n, N, k, K);
 #else
 #error "unknown WFMT"
 #endif
@@ -236,6 +266,7 @@ MP_KERNEL void __launch_bounds__(SCAN_THREADS) moe_route(Params p) {
   }
   for (int t = total + tid; t < p.max_tiles; t += SCAN_THREADS) tile_expert[t] = -1;
   if (tid == 0) *(int*)p.total_tiles = total;
+  if (tid < 2 && p.amax) ((u32*)p.amax)[tid] = 0u;  // FP8_PER_TENSOR maxima of this launch
   for (int r = tid; r < total * BM; r += SCAN_THREADS) rows[r] = -1;
   __syncthreads();  // padding written before the scatter overwrites real rows
   for (int q = tid; q < npairs; q += SCAN_THREADS) {
@@ -243,6 +274,139 @@ MP_KERNEL void __launch_bounds__(SCAN_THREADS) moe_route(Params p) {
     if (lid >= 0) rows[atomicAdd(&s_cursor[lid], 1)] = q;
   }
 }
+
+// ---- activation quantization (ACT_Q != 0) ----------------------------------------------
+
+#define FP8_MAX (FP8_FNUZ ? 240.0f : 448.0f)
+
+// Stage input row `row` as f32: stage 1 reads hidden_states (the caller's dtype), stage 2 the
+// stage-1 output, already cast to the output dtype as the CPU backend does. Returns false for
+// rows no GEMM reads (tokens at or beyond num_local_tokens, unrouted (token, slot) pairs).
+template <int STAGE>
+__device__ __forceinline__ bool quant_row(const Params& p, i64 row, const u16*& src, int& K) {
+  if (STAGE == 1) {
+    if (row >= local_tokens(p)) return false;
+    src = (const u16*)p.x + row * p.x_cols;
+    K = p.H;
+  } else {
+    if (((const int*)p.pair_local)[row] < 0) return false;
+    src = (const u16*)p.inter + row * p.I;
+    K = p.I;
+  }
+  return true;
+}
+
+template <int STAGE>
+__device__ __forceinline__ float quant_src(const u16* src, int k) {
+  bool f16 = STAGE == 1 ? IN_F16 : OUT_F16;
+  return f16 ? mp_f16_to_f32(src[k]) : mp_bf16_to_f32(src[k]);
+}
+
+// Max of v over the THREADS threads of the block (all threads get it); `red` holds THREADS.
+__device__ __forceinline__ float block_max(float v, float* red) {
+  int tid = threadIdx.x;
+  __syncthreads();  // red may still be read from a previous call
+  red[tid] = v;
+  __syncthreads();
+  for (int off = THREADS / 2; off > 0; off >>= 1) {
+    if (tid < off) red[tid] = fmaxf(red[tid], red[tid + off]);
+    __syncthreads();
+  }
+  return red[0];
+}
+
+// FP8_PER_TENSOR: amax over every row the GEMMs read, into p.amax[STAGE - 1] (non-negative
+// floats order like their bits, so an unsigned atomicMax is a float max).
+template <int STAGE>
+__device__ void amax_rows(const Params& p) {
+#if ACT_Q == 4
+  __shared__ float red[THREADS];
+  const u16* src;
+  int K;
+  if (!quant_row<STAGE>(p, blockIdx.x, src, K)) return;  // uniform over the block
+  float m = 0.0f;
+  for (int k = threadIdx.x; k < K; k += THREADS) m = fmaxf(m, fabsf(quant_src<STAGE>(src, k)));
+  m = block_max(m, red);
+  if (threadIdx.x == 0) atomicMax((u32*)p.amax + (STAGE - 1), __float_as_uint(m));
+#endif
+}
+
+// Encode y (x already divided by its scale) as the activation code.
+__device__ __forceinline__ u8 act_encode(float y) {
+#if ACT_Q == 6
+  return (u8)mp_f32_to_e2m1(y);
+#else
+  return (u8)mp_f32_to_fp8(y, FP8_FNUZ);
+#endif
+}
+__device__ __forceinline__ float act_decode(u32 c) {
+#if ACT_Q == 6
+  return mp_e2m1_to_f32(c);
+#else
+  return mp_fp8_to_f32(c, FP8_FNUZ);
+#endif
+}
+
+// f32 scale of a group with this amax: amax / fp8max for FP8 (1 for an all-zero group), the
+// e8m0 RoundUp power of two for MX.
+__device__ __forceinline__ float group_scale(float amax) {
+#if ACT_Q == 6 || ACT_Q == 7
+  return mp_e8m0_to_f32(mp_e8m0_round_up(amax, ACT_Q == 6 ? 6.0f : FP8_MAX));
+#else
+  float s = amax / FP8_MAX;
+  return s == 0.0f ? 1.0f : s;
+#endif
+}
+
+// One block per row: codes[row, K] and scales[row, groups]. Groups of QG elements are
+// reduced within chunks of THREADS elements (THREADS % QG == 0, so no group straddles chunks).
+template <int STAGE>
+__device__ void quant_rows(const Params& p) {
+#if ACT_Q
+  __shared__ float red[THREADS];
+  const u16* src;
+  int K;
+  i64 row = blockIdx.x;
+  if (!quant_row<STAGE>(p, row, src, K)) return;  // uniform over the block
+  u8* codes = (u8*)(STAGE == 1 ? p.xq : p.aq) + row * K;
+  float* scales = (float*)(STAGE == 1 ? p.xs : p.as) + row * (STAGE == 1 ? p.ng1 : p.ng2);
+  int tid = threadIdx.x;
+#if QG == 0
+  float scale;
+#if ACT_Q == 4
+  scale = group_scale(__uint_as_float(((const u32*)p.amax)[STAGE - 1]));
+#else
+  float m = 0.0f;
+  for (int k = tid; k < K; k += THREADS) m = fmaxf(m, fabsf(quant_src<STAGE>(src, k)));
+  scale = group_scale(block_max(m, red));
+#endif
+  for (int k = tid; k < K; k += THREADS) codes[k] = act_encode(quant_src<STAGE>(src, k) / scale);
+  if (tid == 0) scales[0] = scale;
+#else
+  for (int k0 = 0; k0 < K; k0 += THREADS) {
+    int k = k0 + tid;
+    float x = k < K ? quant_src<STAGE>(src, k) : 0.0f;
+    __syncthreads();  // the previous chunk's group maxima have been read
+    red[tid] = fabsf(x);
+    __syncthreads();
+    for (int off = QG / 2; off > 0; off >>= 1) {
+      if ((tid % QG) < off) red[tid] = fmaxf(red[tid], red[tid + off]);
+      __syncthreads();
+    }
+    float scale = group_scale(red[tid - tid % QG]);
+    if (k < K) {
+      codes[k] = act_encode(x / scale);
+      if (k % QG == 0) scales[k / QG] = scale;
+    }
+  }
+#endif
+#endif
+}
+
+MP_KERNEL void __launch_bounds__(THREADS) moe_amax1(Params p) { amax_rows<1>(p); }
+MP_KERNEL void __launch_bounds__(THREADS) moe_amax2(Params p) { amax_rows<2>(p); }
+MP_KERNEL void __launch_bounds__(THREADS) moe_quant1(Params p) { quant_rows<1>(p); }
+MP_KERNEL void __launch_bounds__(THREADS) moe_quant2(Params p) { quant_rows<2>(p); }
 
 // ---- GEMM stages --------------------------------------------------------------------------
 
@@ -280,10 +444,19 @@ __device__ void moe_gemm(const Params& p) {
       int r = idx / BK, kk = idx % BK, k = k0 + kk, q = s_row[r];
       float v = 0.0f;
       if (q >= 0 && k < K) {
+#if ACT_Q
+        // code * scale, the value the CPU's quantize-dequantize gives (one f32 rounding).
+        i64 arow = GATED ? q / p.topk : q;
+        const u8* codes = (const u8*)(GATED ? p.xq : p.aq);
+        const float* sc = (const float*)(GATED ? p.xs : p.as);
+        int ng = GATED ? p.ng1 : p.ng2;
+        v = act_decode(codes[arow * K + k]) * sc[arow * ng + QGROUP(k)];
+#else
         if (GATED)
           v = load_x(A[(i64)(q / p.topk) * p.x_cols + k]);
         else  // the intermediate is stored in the activation dtype
           v = ACT_F16 ? mp_f16_to_f32(A[(i64)q * p.I + k]) : mp_bf16_to_f32(A[(i64)q * p.I + k]);
+#endif
       }
       As[kk][r] = v;
     }
@@ -331,11 +504,18 @@ __device__ void moe_gemm(const Params& p) {
         u += b[up_row(col, p.Ip)];
 #endif
         float a = activate(g, u, p);
-#if ACT_F16
-        ((u16*)p.inter)[(i64)q * p.I + col] = mp_f32_to_f16(a);
+        // Cast to the output dtype (as the CPU backend does); quantized activations are
+        // quantized from that, 16-bit ones rounded once more to the activation dtype.
+#if OUT_F16
+        u16 o = mp_f32_to_f16(a);
 #else
-        ((u16*)p.inter)[(i64)q * p.I + col] = mp_f32_to_bf16(a);
+        u16 o = mp_f32_to_bf16(a);
 #endif
+#if !ACT_Q && OUT_F16 != ACT_F16
+        float r = OUT_F16 ? mp_f16_to_f32(o) : mp_bf16_to_f32(o);
+        o = ACT_F16 ? mp_f32_to_f16(r) : mp_f32_to_bf16(r);
+#endif
+        ((u16*)p.inter)[(i64)q * p.I + col] = o;
       } else {
         float v = acc[0][i][j];
 #if HAS_BIAS

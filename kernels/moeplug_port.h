@@ -72,3 +72,47 @@ __device__ __forceinline__ float mp_fp8_to_f32(u32 b, bool fnuz) {
   if (exp == 0) return sign * (float)man * 0.001953125f;  // man/8 * 2^-6
   return sign * __uint_as_float(((exp - 7u + 127u) << 23) | (man << 20));
 }
+
+// ---- encoders (activation quantization; the CPU's src/moe/actquant.rs bit for bit) --------
+
+// f32 -> fp8 code: round to nearest even on the 3-bit mantissa grid, saturating at +-max
+// (448 e4m3fn, 240 e4m3fnuz); NaN -> the NaN code; fnuz has no negative zero.
+__device__ __forceinline__ u32 mp_f32_to_fp8(float x, bool fnuz) {
+  if (x != x) return fnuz ? 0x80u : 0x7fu;
+  u32 sign = (__float_as_uint(x) >> 31) << 7;
+  float a = fabsf(x);
+  u32 max_code = fnuz ? 0x7fu : 0x7eu;
+  if (a >= (fnuz ? 240.0f : 448.0f)) return sign | max_code;
+  int bias = fnuz ? 8 : 7, min_e = 1 - bias;
+  int e = (int)((__float_as_uint(a) >> 23) & 255u) - 127;
+  if (e < min_e) e = min_e;  // subnormals share the smallest normal binade's quantum
+  // a / 2^(e-3) is exact (a power-of-two scaling): one rounding, to nearest even.
+  float q = rintf(a * __uint_as_float((u32)(127 + 3 - e) << 23));
+  // q in [8, 16] for normal binades, [0, 16] for the smallest: one formula for both.
+  u32 code = (u32)((e + bias - 1) << 3) + (u32)q;
+  if (code > max_code) code = max_code;
+  if (code == 0) return fnuz ? 0u : sign;
+  return sign | code;
+}
+
+// f32 -> e2m1 code: nearest magnitude, ties to the even code, |x| >= 6 saturates, NaN -> 3.
+__device__ __forceinline__ u32 mp_f32_to_e2m1(float x) {
+  if (x != x) return 3u;
+  u32 sign = (__float_as_uint(x) >> 31) << 3;
+  float a = fabsf(x);
+  const float mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  u32 code = 0;
+#pragma unroll
+  for (int i = 0; i < 7; ++i)
+    if (a > mid[i] || (a == mid[i] && (i & 1))) code = i + 1;  // a tie stays on the even code
+  return sign | code;
+}
+
+// e8m0 RoundUp (AITER's default): the smallest power of two >= amax / max_pos; NaN/inf -> 255.
+__device__ __forceinline__ u32 mp_e8m0_round_up(float amax, float max_pos) {
+  float v = amax / max_pos;  // IEEE division (NVRTC default -prec-div=true)
+  u32 bits = __float_as_uint(v);
+  u32 exp = (bits >> 23) & 255u, mant = bits & 0x7fffffu;
+  if (exp == 255u) return 255u;
+  return exp + (mant != 0u ? 1u : 0u);
+}

@@ -11,7 +11,18 @@ STATUS = ["OK", "INVALID_ARGUMENT", "UNSUPPORTED", "LAYOUT_MISMATCH", "BACKEND_U
 
 WEIGHT_FORMAT = dict(bf16=1, fp16=2, fp8_per_tensor=3, fp8_per_channel=4, fp8_block128=5,
                      mxfp4=6, mxfp8=7)
-ACT_DTYPE = dict(default=0, bf16=1, fp16=2, fp8_per_token=3)
+ACT_DTYPE = dict(default=0, bf16=1, fp16=2, fp8_per_token=3, fp8_per_tensor=4, fp8_block128=5,
+                 mxfp4=6, mxfp8=7)
+# moeplug_weight_format -> the activation dtypes defined for it (WeightFormat::allowed_act_dtypes)
+ALLOWED_ACT = dict(bf16=["bf16", "fp16"], fp16=["bf16", "fp16"],
+                   fp8_per_tensor=["bf16", "fp16", "fp8_per_token", "fp8_per_tensor"],
+                   fp8_per_channel=["bf16", "fp16", "fp8_per_token", "fp8_per_tensor"],
+                   fp8_block128=["bf16", "fp16", "fp8_block128"],
+                   mxfp4=["bf16", "fp16", "mxfp4", "mxfp8"], mxfp8=["bf16", "fp16", "mxfp8"])
+# API.md §2: the DEFAULT activation dtype of each weight format
+DEFAULT_ACT = dict(bf16=None, fp16=None, fp8_per_tensor="fp8_per_token",
+                   fp8_per_channel="fp8_per_token", fp8_block128="fp8_block128", mxfp4="bf16",
+                   mxfp8="mxfp8")
 GATE_MODE = dict(separated=1, interleave=2, interleave_rows=3)
 ACTIVATION = dict(silu=1, gelu=2, swiglu_oai=3)
 WEIGHT_LAYOUT = dict(plain=1, aiter_16x16=2)

@@ -41,6 +41,17 @@ def f3_shuffle(s):
     return pad.view(SM // 32, 2, 16, SN // 8, 2, 4).permute(0, 3, 5, 2, 4, 1).contiguous().view(SM, SN)
 
 
+def cdna4_swizzle(s, E, N):
+    """LAYOUTS F5 (triton_kernels CDNA4 MX scale layout): per expert, F3 with the rows padded
+    to a multiple of 32 (not 256) and zero padding: [E*N, k] -> [E, ceil(N/32), ceil(k/8)*8*32]."""
+    k = s.shape[1]
+    N32, SN = -(-N // 32) * 32, -(-k // 8) * 8
+    pad = torch.zeros(E, N32, SN, dtype=torch.uint8, device=s.device)
+    pad[:, :N, :k] = s.view(E, N, k)
+    f3 = pad.view(E, N32 // 32, 2, 16, SN // 8, 2, 4).permute(0, 1, 4, 6, 3, 5, 2)
+    return f3.contiguous().view(E, N32 // 32, SN * 32)
+
+
 def _fp8(shape, device, g):
     return (torch.randn(shape, device=device, generator=g) * 8).to(torch.float8_e4m3fn)
 
@@ -89,7 +100,12 @@ def make_matrix(fmt, wlayout, slayout, E, N, K, device, g):
                                dtype=torch.int32).to(torch.uint8)
         sval = torch.pow(2.0, sbytes.float() - 127).view(E, N, K // 32).repeat_interleave(32, -1)
         deq = vals * sval
-        scale = f3_shuffle(sbytes) if slayout == "aiter_e8m0" else sbytes
+        if slayout == "aiter_e8m0":
+            scale = f3_shuffle(sbytes)
+        elif slayout == "cdna4_swizzle":
+            scale = cdna4_swizzle(sbytes, E, N)
+        else:
+            scale = sbytes
         esize = 1
     else:
         raise ValueError(fmt)

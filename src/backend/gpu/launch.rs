@@ -1,10 +1,12 @@
 //! What a GPU launch reads: the tensors checked against the layout record and the kernel's
 //! rules, the workspace plan, the compile-time configuration and the kernel parameters.
 
+use crate::backend::{check_against_caps, Caps};
 use crate::error::{Error, Result, Status};
-use crate::moe::{MoeConfig, MoeLaunch};
+use crate::moe::check::{check_launch, check_record, LaunchShape};
+use crate::moe::MoeLaunch;
 use crate::tensor::{ElemType, Tensor};
-use crate::types::{Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout};
+use crate::types::{ActDtype, Activation, ScaleLayout};
 
 /// Rows per sorted tile (`BM` in kernels/fused_moe.cu).
 pub const TILE_M: usize = 32;
@@ -39,6 +41,13 @@ pub struct KernelParams {
     pub pair_local: u64,
     pub inter: u64,
     pub y: u64,
+    /// Two u32 maxima (FP8_PER_TENSOR of stage 1 and 2), zeroed by the route kernel.
+    pub amax: u64,
+    /// Quantized stage inputs: codes (one byte per element) and f32 scales per group.
+    pub xq: u64,
+    pub xs: u64,
+    pub aq: u64,
+    pub as_: u64,
     pub m: i32,
     pub topk: i32,
     pub e: i32,
@@ -50,12 +59,16 @@ pub struct KernelParams {
     pub x_cols: i32,
     pub out_cols: i32,
     pub max_tiles: i32,
-    pub pad0: i32,
+    /// Scale groups per row of the stage-1 / stage-2 input.
+    pub ng1: i32,
     pub alpha: f32,
     pub limit: f32,
     pub has_limit: i32,
-    pub pad1: i32,
+    pub ng2: i32,
 }
+
+/// Workspace regions, in order.
+const REGIONS: usize = 10;
 
 /// Sizes of one launch and where each workspace region starts.
 #[derive(Debug, Clone)]
@@ -66,127 +79,17 @@ pub struct Plan {
     pub x_cols: usize,
     pub out_cols: usize,
     pub max_tiles: usize,
-    /// Byte offsets: total_tiles, tile_expert, sorted_rows, pair_local, inter, y; then total.
-    pub offsets: [usize; 6],
+    /// Scale groups per row of each stage input (quantized activations).
+    pub groups: [usize; 2],
+    /// Byte offsets: counters (total_tiles, 2 amax), tile_expert, sorted_rows, pair_local,
+    /// inter, y, stage-1 codes, stage-1 scales, stage-2 codes, stage-2 scales.
+    pub offsets: [usize; REGIONS],
     pub workspace_bytes: usize,
     pub route_shared_bytes: usize,
 }
 
 fn align256(n: usize) -> usize {
     n.div_ceil(256) * 256
-}
-
-fn mismatch(msg: String) -> Error {
-    Error::mismatch(msg)
-}
-
-/// Bytes of `rows × cols` storage for `format`'s weights (`cols` logical).
-fn storage_cols(format: WeightFormat, cols: usize) -> usize {
-    if format == WeightFormat::Mxfp4 {
-        cols / 2
-    } else {
-        cols
-    }
-}
-
-fn weight_elems(format: WeightFormat) -> &'static [ElemType] {
-    match format {
-        WeightFormat::Bf16 => &[ElemType::Bf16],
-        WeightFormat::Fp16 => &[ElemType::F16],
-        WeightFormat::Mxfp4 => &[ElemType::Fp4x2, ElemType::U8],
-        _ => &[ElemType::Fp8E4m3fn, ElemType::Fp8E4m3fnuz],
-    }
-}
-
-/// Check a weight matrix `[E, rows, cols]` and its scale against the layout and the kernel.
-fn check_weight(
-    c: &MoeConfig,
-    w: &Tensor,
-    scale: Option<&Tensor>,
-    rows: usize,
-    cols: usize,
-) -> Result<()> {
-    let l = &c.layout;
-    let f = l.weight_format;
-    w.expect_elem(weight_elems(f))
-        .map_err(|e| mismatch(format!("{} (weight_format {})", e.message, f.label())))?;
-    let want = [l.num_experts, rows, storage_cols(f, cols)];
-    if w.shape != want {
-        return Err(mismatch(format!(
-            "{}: expected shape {} for layout {} (E {}, H {} padded {}, I {} padded {}), got {}",
-            w.name,
-            crate::tensor::format_shape(&want),
-            f.label(),
-            l.num_experts,
-            l.hidden_size,
-            l.hidden_padded,
-            l.intermediate_size,
-            l.intermediate_padded,
-            w.shape_str()
-        )));
-    }
-    if l.weight_layout == WeightLayout::Aiter16x16 {
-        // F1 (16,16): 16-row tiles, K a multiple of 32 storage elements (bf16) / 32 bytes.
-        let kst = storage_cols(f, cols);
-        if rows % 16 != 0 || kst % 32 != 0 {
-            return Err(mismatch(format!(
-                "{}: weight_layout aiter_16x16 needs rows % 16 == 0 and stored K % 32 == 0, got [{rows}, {kst}]",
-                w.name
-            )));
-        }
-    }
-    let sname = if w.name == "w13" {
-        "w13_scale"
-    } else {
-        "w2_scale"
-    };
-    let e = l.num_experts;
-    let want_scale: Option<(usize, &[ElemType])> = match f {
-        WeightFormat::Bf16 | WeightFormat::Fp16 => None,
-        WeightFormat::Fp8PerTensor => Some((e, &[ElemType::F32])),
-        WeightFormat::Fp8PerChannel => Some((e * rows, &[ElemType::F32])),
-        WeightFormat::Fp8Block128 => Some((
-            e * rows.div_ceil(128) * cols.div_ceil(128),
-            &[ElemType::F32],
-        )),
-        WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => {
-            if cols % 32 != 0 {
-                return Err(mismatch(format!(
-                    "{}: MX formats need K % 32 == 0, got K {cols}",
-                    w.name
-                )));
-            }
-            let (r, k) = (e * rows, cols / 32);
-            let n = match l.scale_layout {
-                Some(ScaleLayout::AiterE8m0) => r.div_ceil(256) * 256 * k.div_ceil(8) * 8,
-                _ => r * k,
-            };
-            Some((n, &[ElemType::E8m0, ElemType::U8]))
-        }
-    };
-    match (want_scale, scale) {
-        (None, None) => Ok(()),
-        (None, Some(_)) => Err(mismatch(format!(
-            "{sname}: must be NULL for weight_format {}",
-            f.label()
-        ))),
-        (Some(_), None) => Err(mismatch(format!(
-            "{sname}: required for weight_format {}",
-            f.label()
-        ))),
-        (Some((n, elems)), Some(s)) => {
-            s.expect_elem(elems).map_err(|e| mismatch(e.message))?;
-            if s.numel() != n {
-                return Err(mismatch(format!(
-                    "{sname}: expected {n} elements for weight_format {} scale_layout {}, got shape {}",
-                    f.label(),
-                    l.scale_layout.map(|s| s.label()).unwrap_or("none"),
-                    s.shape_str()
-                )));
-            }
-            Ok(())
-        }
-    }
 }
 
 fn align_check(t: &Tensor, bytes: usize) -> Result<()> {
@@ -199,118 +102,58 @@ fn align_check(t: &Tensor, bytes: usize) -> Result<()> {
     Ok(())
 }
 
-/// Validate the launch for the GPU kernels and plan its workspace.
-pub fn plan(launch: &MoeLaunch) -> Result<Plan> {
+/// Scale groups per row of `cols` elements for an activation dtype (1 for 16-bit: unused).
+pub fn scale_groups(act: ActDtype, cols: usize) -> usize {
+    match act {
+        ActDtype::Fp8Block128 => cols.div_ceil(128),
+        ActDtype::Mxfp4 | ActDtype::Mxfp8 => cols.div_ceil(32),
+        _ => 1,
+    }
+}
+
+/// The whole launch check of the CUDA backend: the configuration against `caps` and the
+/// record (as every backend), the tensors against the record by [`crate::moe::check`] (the
+/// CPU backend's check: same status and message for the same bad launch), then what only
+/// the GPU needs. Returns the workspace plan.
+pub fn validate(caps: &Caps, launch: &MoeLaunch) -> Result<Plan> {
+    check_against_caps(caps, &launch.config)?;
+    check_record(&launch.config.layout)?;
+    let shape = check_launch(launch)?;
+    plan(launch, &shape)
+}
+
+/// GPU-only rules (expert-count limits of the route kernel, device address alignment, index
+/// ranges) and the workspace plan, for a launch that passed [`check_launch`].
+pub fn plan(launch: &MoeLaunch, shape: &LaunchShape) -> Result<Plan> {
     let c = &launch.config;
     let l = &c.layout;
-    let (e, h, hp, i, ip) = (
-        l.num_experts,
-        l.hidden_size,
-        l.hidden_padded,
-        l.intermediate_size,
-        l.intermediate_padded,
-    );
-    let x = &launch.hidden_states;
-    x.expect_ndim(2)?;
-    x.expect_elem(&[ElemType::Bf16, ElemType::F16])?;
-    let (m, x_cols) = (x.dim(0), x.dim(1));
-    if x_cols != h && x_cols != hp {
-        return Err(mismatch(format!(
-            "hidden_states: expected {h} (hidden_size) or {hp} (hidden_padded) columns, got shape {}",
-            x.shape_str()
-        )));
-    }
-    if launch.hidden_scale.is_some() {
-        return Err(Error::unsupported(
-            "hidden_scale: pre-quantized activations are not supported by the CUDA backend yet",
-        ));
-    }
-    let ids = &launch.topk_ids;
-    ids.expect_ndim(2)?;
-    ids.expect_elem(&[ElemType::I32])?;
-    let topk = ids.dim(1);
-    if ids.dim(0) != m || topk == 0 || topk > 255 {
-        return Err(Error::invalid(format!(
-            "topk_ids: expected shape [{m}, k] with 1 <= k <= 255, got {}",
-            ids.shape_str()
-        )));
-    }
-    launch.topk_weights.expect_elem(&[ElemType::F32])?;
-    launch.topk_weights.expect_shape(&[m, topk])?;
-    let out = &launch.output;
-    out.expect_ndim(2)?;
-    out.expect_elem(&[ElemType::Bf16, ElemType::F16])?;
-    if out.dim(0) != m || (out.dim(1) != h && out.dim(1) != hp) {
-        return Err(Error::invalid(format!(
-            "output: expected shape [{m}, {h}] (or [{m}, {hp}] with padding), got {}",
-            out.shape_str()
-        )));
-    }
-    if out.overlaps(x) {
-        return Err(Error::invalid("output: overlaps hidden_states"));
-    }
-    if l.gate_mode == GateMode::Interleave && ip % 16 != 0 {
-        return Err(mismatch(format!(
-            "gate_mode interleave needs intermediate_padded % 16 == 0, got {ip}"
-        )));
-    }
-    check_weight(c, &launch.w13, launch.w13_scale.as_ref(), 2 * ip, hp)?;
-    check_weight(c, &launch.w2, launch.w2_scale.as_ref(), hp, ip)?;
-    match (l.has_bias, &launch.w13_bias, &launch.w2_bias) {
-        (false, None, None) => {}
-        (true, Some(b13), Some(b2)) => {
-            for (b, cols) in [(b13, 2 * ip), (b2, hp)] {
-                b.expect_elem(&[ElemType::F32])?;
-                b.expect_shape(&[e, cols])
-                    .map_err(|err| mismatch(err.message))?;
-                align_check(b, 4)?;
-            }
-        }
-        (true, _, _) => {
-            return Err(mismatch(
-                "w13_bias/w2_bias: the layout has HAS_BIAS but a bias tensor is NULL".into(),
-            ))
-        }
-        (false, _, _) => {
-            return Err(mismatch(
-                "w13_bias/w2_bias: given, but the layout record has no HAS_BIAS flag".into(),
-            ))
-        }
-    }
-    let e_global = match &launch.expert_mask {
-        None => e,
-        Some(mask) => {
-            mask.expect_ndim(1)?;
-            mask.expect_elem(&[ElemType::I32])?;
-            if mask.dim(0) < e {
-                return Err(Error::invalid(format!(
-                    "expert_mask: expected at least num_experts {e} entries, got shape {}",
-                    mask.shape_str()
-                )));
-            }
-            align_check(mask, 4)?;
-            mask.dim(0)
-        }
-    };
+    let (e, h, i) = (l.num_experts, l.hidden_size, l.intermediate_size);
+    let (m, topk) = (shape.m, shape.topk);
+    let e_global = launch
+        .expert_mask
+        .as_ref()
+        .map(|mask| mask.dim(0))
+        .unwrap_or(e);
     if e > MAX_LOCAL_EXPERTS || e_global > MAX_GLOBAL_EXPERTS {
         return Err(Error::unsupported(format!(
-            "the CUDA backend routes at most {MAX_LOCAL_EXPERTS} local / {MAX_GLOBAL_EXPERTS} global experts, got {e} / {e_global}"
+            "layout.num_experts / expert_mask: the CUDA backend routes at most \
+             {MAX_LOCAL_EXPERTS} local / {MAX_GLOBAL_EXPERTS} global experts, got {e} / {e_global}"
         )));
     }
-    if let Some(n) = &launch.num_local_tokens {
-        n.expect_elem(&[ElemType::I32])?;
-        if n.numel() != 1 {
-            return Err(Error::invalid(format!(
-                "num_local_tokens: expected 1 element, got shape {}",
-                n.shape_str()
-            )));
-        }
-        align_check(n, 4)?;
-    }
+    let x = &launch.hidden_states;
+    let out = &launch.output;
     for t in [x, out, &launch.w13, &launch.w2] {
-        align_check(t, if t.elem.size() == 2 { 2 } else { 1 })?;
+        align_check(t, t.elem.size())?;
     }
-    for t in [ids, &launch.topk_weights] {
+    let four_byte = [
+        Some(&launch.topk_ids),
+        Some(&launch.topk_weights),
+        launch.w13_bias.as_ref(),
+        launch.w2_bias.as_ref(),
+        launch.expert_mask.as_ref(),
+        launch.num_local_tokens.as_ref(),
+    ];
+    for t in four_byte.into_iter().flatten() {
         align_check(t, 4)?;
     }
     for s in [&launch.w13_scale, &launch.w2_scale].into_iter().flatten() {
@@ -319,23 +162,30 @@ pub fn plan(launch: &MoeLaunch) -> Result<Plan> {
 
     let pairs = m * topk;
     let max_tiles = pairs.div_ceil(TILE_M) + e.min(pairs);
-    let sizes = [
-        4,
+    let quantized = c.act_dtype.is_quantized();
+    let groups = [scale_groups(c.act_dtype, h), scale_groups(c.act_dtype, i)];
+    let q = |n: usize| if quantized { n } else { 0 };
+    let sizes: [usize; REGIONS] = [
+        16,
         max_tiles * 4,
         max_tiles * TILE_M * 4,
         pairs * 4,
         pairs * i * 2,
         pairs * h * 4,
+        q(m * h),
+        q(m * groups[0] * 4),
+        q(pairs * i),
+        q(pairs * groups[1] * 4),
     ];
-    let mut offsets = [0usize; 6];
-    let mut at = 0;
+    let mut offsets = [0usize; REGIONS];
+    let mut at = 0usize;
     for (o, s) in offsets.iter_mut().zip(sizes) {
         *o = at;
-        at += align256(s);
+        at = at.saturating_add(align256(s));
     }
     if max_tiles > i32::MAX as usize || at > isize::MAX as usize || pairs > i32::MAX as usize {
         return Err(Error::invalid(format!(
-            "hidden_states: {m} tokens x topk {topk} is too large for one launch"
+            "hidden_states: {m} tokens x topk {topk} is too large for one CUDA launch"
         )));
     }
     let mask_ints = if launch.expert_mask.is_some() {
@@ -347,9 +197,10 @@ pub fn plan(launch: &MoeLaunch) -> Result<Plan> {
         m,
         topk,
         e_global,
-        x_cols,
-        out_cols: out.dim(1),
+        x_cols: shape.hidden_cols,
+        out_cols: shape.output_cols,
         max_tiles,
+        groups,
         offsets,
         workspace_bytes: at,
         route_shared_bytes: 4 * (2 * e + 1 + ROUTE_THREADS as usize + mask_ints),
@@ -381,7 +232,13 @@ pub fn defines(launch: &MoeLaunch) -> Vec<String> {
     let slayout = match l.scale_layout {
         None => 0,
         Some(ScaleLayout::Plain) => 1,
-        Some(_) => 2,
+        Some(ScaleLayout::AiterE8m0) => 2,
+        Some(ScaleLayout::Cdna4Swizzle) => 3,
+    };
+    let act_q = if c.act_dtype.is_quantized() {
+        c.act_dtype as i32
+    } else {
+        0
     };
     let fnuz = launch.w13.elem == ElemType::Fp8E4m3fnuz;
     vec![
@@ -390,10 +247,8 @@ pub fn defines(launch: &MoeLaunch) -> Vec<String> {
         format!("SLAYOUT={slayout}"),
         format!("GATE={}", l.gate_mode as i32),
         format!("ACT={}", c.activation as i32),
-        format!(
-            "ACT_F16={}",
-            (c.act_dtype == crate::types::ActDtype::Fp16) as i32
-        ),
+        format!("ACT_F16={}", (c.act_dtype == ActDtype::Fp16) as i32),
+        format!("ACT_Q={act_q}"),
         format!("IN_F16={}", f16(&launch.hidden_states)),
         format!("OUT_F16={}", f16(&launch.output)),
         format!("HAS_BIAS={}", l.has_bias as i32),
@@ -433,6 +288,11 @@ pub fn params(launch: &MoeLaunch, plan: &Plan, ws: u64) -> KernelParams {
         pair_local: ws + o[3] as u64,
         inter: ws + o[4] as u64,
         y: ws + o[5] as u64,
+        amax: ws + o[0] as u64 + 4,
+        xq: ws + o[6] as u64,
+        xs: ws + o[7] as u64,
+        aq: ws + o[8] as u64,
+        as_: ws + o[9] as u64,
         m: plan.m as i32,
         topk: plan.topk as i32,
         e: l.num_experts as i32,
@@ -444,11 +304,11 @@ pub fn params(launch: &MoeLaunch, plan: &Plan, ws: u64) -> KernelParams {
         x_cols: plan.x_cols as i32,
         out_cols: plan.out_cols as i32,
         max_tiles: plan.max_tiles as i32,
-        pad0: 0,
+        ng1: plan.groups[0] as i32,
         alpha,
         limit,
         has_limit,
-        pad1: 0,
+        ng2: plan.groups[1] as i32,
     }
 }
 
@@ -458,9 +318,9 @@ mod tests {
 
     #[test]
     fn kernel_params_layout_matches_the_c_struct() {
-        // 18 pointers, 12 ints, 2 floats, 2 ints: no implicit padding anywhere.
-        assert_eq!(std::mem::size_of::<KernelParams>(), 18 * 8 + 16 * 4);
-        assert_eq!(std::mem::offset_of!(KernelParams, m), 18 * 8);
-        assert_eq!(std::mem::offset_of!(KernelParams, alpha), 18 * 8 + 12 * 4);
+        // 23 pointers, 12 ints, 2 floats, 2 ints: no implicit padding anywhere.
+        assert_eq!(std::mem::size_of::<KernelParams>(), 23 * 8 + 16 * 4);
+        assert_eq!(std::mem::offset_of!(KernelParams, m), 23 * 8);
+        assert_eq!(std::mem::offset_of!(KernelParams, alpha), 23 * 8 + 12 * 4);
     }
 }

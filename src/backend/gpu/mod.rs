@@ -117,6 +117,10 @@ struct Kernels {
     stage1: Handle,
     stage2: Handle,
     reduce: Handle,
+    amax1: Handle,
+    amax2: Handle,
+    quant1: Handle,
+    quant2: Handle,
 }
 // Function handles are process-wide driver objects, usable from any thread.
 unsafe impl Send for Kernels {}
@@ -240,6 +244,10 @@ impl GpuBackend {
             stage1: get(c"moe_stage1")?,
             stage2: get(c"moe_stage2")?,
             reduce: get(c"moe_reduce")?,
+            amax1: get(c"moe_amax1")?,
+            amax2: get(c"moe_amax2")?,
+            quant1: get(c"moe_quant1")?,
+            quant2: get(c"moe_quant2")?,
         };
         map.insert(defines, k);
         Ok(k)
@@ -277,27 +285,20 @@ impl GpuBackend {
     }
 }
 
-/// What the kernels can run, exactly what tests/gpu proves on an H200.
-fn gpu_caps(arch: &str, runtime_version: &str) -> Caps {
-    use WeightFormat as F;
+/// What the kernels can run, exactly what tests/gpu proves on an H200: the CPU backend's
+/// masks (every format, activation dtype, gate mode, activation, layout and feature) plus
+/// CUDA graph capture.
+pub fn gpu_caps(arch: &str, runtime_version: &str) -> Caps {
     Caps {
         backend: Some(BackendKind::Cuda),
         arch: arch.to_string(),
         runtime_version: runtime_version.to_string(),
-        weight_formats: WeightFormat::mask_of(&[
-            F::Bf16,
-            F::Fp16,
-            F::Fp8PerTensor,
-            F::Fp8PerChannel,
-            F::Fp8Block128,
-            F::Mxfp4,
-            F::Mxfp8,
-        ]),
-        act_dtypes: ActDtype::mask_of(&[ActDtype::Bf16, ActDtype::Fp16]),
+        weight_formats: WeightFormat::mask_of(WeightFormat::ALL),
+        act_dtypes: ActDtype::mask_of(ActDtype::ALL),
         gate_modes: GateMode::mask_of(GateMode::ALL),
         activations: Activation::mask_of(Activation::ALL),
         weight_layouts: WeightLayout::mask_of(WeightLayout::ALL),
-        scale_layouts: ScaleLayout::mask_of(&[ScaleLayout::Plain, ScaleLayout::AiterE8m0]),
+        scale_layouts: ScaleLayout::mask_of(ScaleLayout::ALL),
         features: feature::BIAS
             | feature::EXPERT_MASK
             | feature::NUM_LOCAL_TOKENS
@@ -315,28 +316,19 @@ impl Backend for GpuBackend {
         gpu_caps(&self.arch, &self.runtime_version)
     }
 
+    /// The masks, the format's allowed activation dtypes, and a record every reader can
+    /// index (as the CPU backend).
     fn check(&self, config: &MoeConfig) -> Result<()> {
-        super::check_against_caps(&self.caps(), config).map_err(|e| {
-            if config.act_dtype.is_quantized() {
-                Error::unsupported(format!(
-                    "{} (the CUDA backend computes with bf16/fp16 activations only so far: \
-                     pass act_dtype bf16 or fp16 explicitly)",
-                    e.message
-                ))
-            } else {
-                e
-            }
-        })
+        super::check_against_caps(&self.caps(), config)?;
+        crate::moe::check::check_record(&config.layout)
     }
 
     fn workspace_size(&self, launch: &MoeLaunch) -> Result<usize> {
-        self.check(&launch.config)?;
-        Ok(launch::plan(launch)?.workspace_bytes)
+        Ok(launch::validate(&self.caps(), launch)?.workspace_bytes)
     }
 
     fn fused_moe(&self, l: &MoeLaunch) -> Result<()> {
-        self.check(&l.config)?;
-        let plan = launch::plan(l)?;
+        let plan = launch::validate(&self.caps(), l)?;
         if plan.m == 0 {
             return Ok(());
         }
@@ -348,6 +340,10 @@ impl Backend for GpuBackend {
         let tiles = plan.max_tiles as u32;
         let n_tiles = |n: usize| n.div_ceil(launch::TILE_N) as u32;
         let c = &l.config.layout;
+        let act = l.config.act_dtype;
+        let rows = |n: usize| (n as u32, 1);
+        let pairs = plan.m * plan.topk;
+        let gemm = |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, what);
         self.launch(
             k.route,
             (1, 1),
@@ -357,34 +353,30 @@ impl Backend for GpuBackend {
             &p,
             "moe_route",
         )?;
-        self.launch(
+        if act == ActDtype::Fp8PerTensor {
+            gemm(k.amax1, rows(plan.m), "moe_amax1")?;
+        }
+        if act.is_quantized() {
+            gemm(k.quant1, rows(plan.m), "moe_quant1")?;
+        }
+        gemm(
             k.stage1,
             (tiles, n_tiles(c.intermediate_size)),
-            launch::THREADS,
-            0,
-            stream,
-            &p,
             "moe_stage1",
         )?;
-        self.launch(
-            k.stage2,
-            (tiles, n_tiles(c.hidden_size)),
-            launch::THREADS,
-            0,
-            stream,
-            &p,
-            "moe_stage2",
-        )?;
-        self.launch(
+        if act == ActDtype::Fp8PerTensor {
+            gemm(k.amax2, rows(pairs), "moe_amax2")?;
+        }
+        if act.is_quantized() {
+            gemm(k.quant2, rows(pairs), "moe_quant2")?;
+        }
+        gemm(k.stage2, (tiles, n_tiles(c.hidden_size)), "moe_stage2")?;
+        gemm(
             k.reduce,
             (
                 plan.m as u32,
                 (plan.out_cols as u32).div_ceil(launch::THREADS),
             ),
-            launch::THREADS,
-            0,
-            stream,
-            &p,
             "moe_reduce",
         )
     }
@@ -439,6 +431,7 @@ pub fn describe() -> String {
             "GATE=1",
             "ACT=1",
             "ACT_F16=0",
+            "ACT_Q=0",
             "IN_F16=0",
             "OUT_F16=0",
             "HAS_BIAS=0",
