@@ -208,10 +208,10 @@ impl Activation {
     }
     /// limit 0 → none for SILU/GELU, 7.0 for SWIGLU_OAI.
     pub fn resolve_limit(self, limit: f32) -> Option<f32> {
-        match (self, limit) {
-            (Activation::SwigluOai, l) if l == 0.0 => Some(7.0),
-            (_, l) if l == 0.0 => None,
-            (_, l) => Some(l),
+        match (self, limit == 0.0) {
+            (Activation::SwigluOai, true) => Some(7.0),
+            (_, true) => None,
+            (_, false) => Some(limit),
         }
     }
 }

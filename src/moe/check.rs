@@ -162,20 +162,19 @@ fn mismatch_shape(t: &Tensor, want: &[Vec<usize>], why: &str) -> Error {
 }
 
 fn expect_shape_of(t: &Tensor, want: &[Vec<usize>], why: &str) -> Result<()> {
-    if want.iter().any(|w| *w == t.shape) {
+    if want.contains(&t.shape) {
         Ok(())
     } else {
         Err(mismatch_shape(t, want, why))
     }
 }
 
+/// Accepted shapes of a scale tensor, why, and its allowed dtypes.
+type ScaleExpectation = (Vec<Vec<usize>>, String, &'static [ElemType]);
+
 /// Accepted shapes of a weight's scale tensor (`rows` × `cols` logical weight per expert),
 /// with the explanation for messages; None when the format has no scale.
-pub fn expected_scale_shapes(
-    l: &Layout,
-    rows: usize,
-    cols: usize,
-) -> Option<(Vec<Vec<usize>>, String, &'static [ElemType])> {
+pub fn expected_scale_shapes(l: &Layout, rows: usize, cols: usize) -> Option<ScaleExpectation> {
     let e = l.num_experts;
     let f32_only: &[ElemType] = &[ElemType::F32];
     let e8m0: &[ElemType] = &[ElemType::E8m0, ElemType::U8];

@@ -29,26 +29,18 @@ where
         body(0, out);
         return;
     }
-    // A few chunks per thread evens out the load without much scheduling.
+    // A few chunks per thread, dealt round-robin, even out the load without a work queue.
     let chunks = threads * 4;
     let per_chunk = units.div_ceil(chunks).max(1);
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let pieces: Vec<(usize, &mut [u8])> = out
-        .chunks_mut(per_chunk * unit)
-        .enumerate()
-        .map(|(i, c)| (i * per_chunk, c))
-        .collect();
-    let pieces: Vec<std::sync::Mutex<Option<(usize, &mut [u8])>>> = pieces
-        .into_iter()
-        .map(|p| std::sync::Mutex::new(Some(p)))
-        .collect();
+    let mut groups: Vec<Vec<(usize, &mut [u8])>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, chunk) in out.chunks_mut(per_chunk * unit).enumerate() {
+        groups[i % threads].push((i * per_chunk, chunk));
+    }
+    let body = &body;
     std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(slot) = pieces.get(i) else { break };
-                let taken = slot.lock().map(|mut g| g.take()).unwrap_or(None);
-                if let Some((first, chunk)) = taken {
+        for group in groups {
+            s.spawn(move || {
+                for (first, chunk) in group {
                     body(first, chunk);
                 }
             });

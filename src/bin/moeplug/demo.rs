@@ -132,7 +132,7 @@ pub fn run() -> Result<(), String> {
     println!("moeplug demo: gpt-oss-like MoE layer, MXFP4 weights, bf16 activations (w4a16)");
     println!("  E={EXPERTS} top-{TOPK} H={HIDDEN} I={INTER} M={TOKENS}, SWIGLU_OAI (alpha {ALPHA}, limit {LIMIT}), biases");
     println!("  checkpoint w13 rows interleaved g0,u0,g1,u1,... (INTERLEAVE_ROWS)\n");
-    let mut rng = Rng(0x5EED_0F_6A7E);
+    let mut rng = Rng(0x5EED_F6A7);
     let (e, h, i, m, k) = (EXPERTS, HIDDEN, INTER, TOKENS, TOPK);
 
     // 1. A bf16 checkpoint, quantized online to MXFP4 as engines do.
