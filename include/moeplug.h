@@ -880,8 +880,10 @@ moeplug_status moeplug_fused_moe(const struct moeplug_fused_moe_args *args);
  * `[..., N, K]` (packed fp4 as `{17, 4, 1}` logical or uint8 bytes; K in storage elements
  * for the divisibility rules). `layout_n`/`layout_k` 0 → 16. `dst` has `src`'s shape, with K
  * rounded up to `pad_k_to` when that is > 0 (zero padding). `gate_up` requires
- * `is_guinterleave` (a 3-D `[E, N, K]`). Host tensors run synchronously; device tensors
- * return UNSUPPORTED for now. `stream` is unused for host tensors.
+ * `is_guinterleave` (a 3-D `[E, N, K]`). Host tensors run synchronously (`stream` unused);
+ * device tensors (all on one device, else INVALID_ARGUMENT) are written by kernels queued on
+ * `stream` (NULL = the default stream), byte-identical to the host result. The same holds
+ * for every prep call.
  */
 moeplug_status moeplug_shuffle_weight(const struct moeplug_shuffle_weight_args *args, void *stream);
 
@@ -949,7 +951,9 @@ moeplug_status moeplug_prepare_moe_sizes(const struct moeplug_prepare_moe_args *
  * re-ordered to SEPARATED `[gate(I_pad); up(I_pad)]`, weights shuffled (AITER_16x16), MX
  * scales e8m0-shuffled (AITER_E8M0, 2-D, padding 0x00), fp32 scales and biases re-ordered
  * and padded (plain). Outputs must have exactly the shapes `moeplug_prepare_moe_sizes`
- * reports, the dtypes of their inputs, be host memory and not overlap any input.
+ * reports, the dtypes of their inputs, and not overlap any input. `device_type` 2 (CUDA)
+ * gets the same layout (the CUDA fused_moe reads it); all tensors are host memory, or all
+ * on one device (then the work is queued on `stream`).
  * `*out_layout` (caller sets `struct_size`) is written on success.
  */
 moeplug_status moeplug_prepare_moe(const struct moeplug_prepare_moe_args *args, void *stream);

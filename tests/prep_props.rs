@@ -495,8 +495,28 @@ fn shuffle_weight_errors() {
     let a = shuffle_weight_args(&s, &dd, (0, 0), false, false, false, 0);
     fails(
         sw_call(&a),
-        UNSUPPORTED,
-        &["dst: device tensors are not supported by prep yet (host only)"],
+        INVALID,
+        &["src: expected device cuda:0 like dst (inputs and outputs of a prep call must be on one device), got cpu:0"],
+    );
+    // Device tensors are validated like host tensors (same messages) before any device work;
+    // ROCm tensors then meet the unvalidated HIP backend.
+    let mut ds = Dl::of(&mut src, "uint8", &[1, 32, 32]);
+    ds.t.device.device_type = 10;
+    let mut dd = Dl::of(&mut dst, "uint8", &[1, 32, 16]);
+    dd.t.device.device_type = 10;
+    let a = shuffle_weight_args(&ds, &dd, (0, 0), false, false, false, 0);
+    fails(
+        sw_call(&a),
+        INVALID,
+        &["dst: expected shape [1, 32, 32], got [1, 32, 16]"],
+    );
+    let mut dd = Dl::of(&mut dst, "uint8", &[1, 32, 32]);
+    dd.t.device.device_type = 10;
+    let a = shuffle_weight_args(&ds, &dd, (0, 0), false, false, false, 0);
+    fails(
+        sw_call(&a),
+        moeplug_status::MoeplugBackendUnavailable,
+        &[""],
     );
     let mut a = shuffle_weight_args(&s, &s, (0, 0), false, false, false, 0);
     a.dst = std::ptr::null();
@@ -831,11 +851,25 @@ fn prepare_moe_errors_and_bf16_round_trip() {
         &["gate_mode_in: unknown gate_mode value 7"],
     );
     let mut b = a;
-    b.device_type = 2;
+    b.device_type = 3;
     fails(
         sz(&b, &mut sizes),
         UNSUPPORTED,
-        &["device_type: prepare_moe produces layouts for the CPU backend only"],
+        &["device_type: prepare_moe produces layouts for the CPU and CUDA backends, got cuda_host"],
+    );
+    // A CUDA target gets the CPU layout (the GPU fused_moe reads the same one).
+    let mut b = a;
+    b.device_type = 2;
+    let mut cuda_sizes = sizes;
+    ok(sz(&b, &mut cuda_sizes));
+    b.device_type = 1;
+    ok(sz(&b, &mut sizes));
+    assert_eq!(cuda_sizes.w13_bytes, sizes.w13_bytes);
+    b.device_type = 10;
+    fails(
+        sz(&b, &mut sizes),
+        moeplug_status::MoeplugBackendUnavailable,
+        &[""],
     );
     let mut b = a;
     b.act_dtype = 6;
@@ -960,8 +994,8 @@ fn prepare_moe_errors_and_bf16_round_trip() {
     b.out_w2 = dev.ptr();
     fails(
         call(&b),
-        UNSUPPORTED,
-        &["out_w2: device tensors are not supported by prep yet"],
+        INVALID,
+        &["w13: expected device rocm:0 like out_w2 (inputs and outputs of a prep call must be on one device), got cpu:0"],
     );
     fails(
         unsafe { moeplug_prepare_moe(std::ptr::null(), std::ptr::null_mut()) },

@@ -1,7 +1,9 @@
 //! Weight preparation exports (API.md §4). Each reads its argument struct, validates the
-//! tensors (host memory, dtypes, exact shapes, no overlap) and calls `crate::prep`.
-//! Host tensors run synchronously on the calling thread (and its worker threads); device
-//! tensors are refused with UNSUPPORTED for now.
+//! tensors (one location, dtypes, exact shapes, no overlap) and calls `crate::prep`.
+//! Host tensors run synchronously on the calling thread (and its worker threads). Device
+//! tensors (CUDA; ROCm once the HIP backend is validated) go through the same validation and
+//! then run the same steps (`crate::prep::steps`) as kernels on the caller's `stream`
+//! (`backend::gpu::prep`): no allocation, no synchronization, byte-identical results.
 
 use super::args::{
     check_out_struct, enum_or, flag, non_null, optional_tensor, read_struct, tensor,
@@ -9,22 +11,34 @@ use super::args::{
 use super::panic::{guard, symver};
 use super::status;
 use super::types::*;
+use crate::backend::gpu::prep as gpu_prep;
+use crate::backend::gpu::Vendor;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
+use crate::prep::steps::Step;
 use crate::prep::{pad, prepare, scale, shuffle, swizzle};
 use crate::quant::{self, MxDtype, MxSource};
 use crate::tensor::{DeviceKind, ElemType, Tensor};
 use crate::types::{ActDtype, GateMode, RoundMode, ScaleLayout, WeightFormat};
 
-/// Host memory or UNSUPPORTED naming the tensor.
-fn host(t: &Tensor) -> Result<()> {
-    if !t.device.is_host() {
-        return Err(Error::unsupported(format!(
-            "{}: device tensors are not supported by prep yet (host only), got device {}:{}",
+/// Where the call runs: None for host tensors, else the one device every tensor is on
+/// (mixed locations are INVALID_ARGUMENT naming the tensor). Device work goes to
+/// `backend::gpu::prep` after the same validation as host work.
+fn location(tensors: &[&Tensor]) -> Result<Option<(Vendor, i32)>> {
+    gpu_prep::location(tensors)
+}
+
+/// The alignment `host_slice` demands of host tensors, asked of device tensors too, so that
+/// both answer alike.
+fn check_align(t: &Tensor, align: usize) -> Result<()> {
+    if (t.ptr as usize) % align != 0 {
+        crate::bail!(
+            invalid,
+            "{}: data address {:p} is not aligned to {} bytes",
             t.name,
-            t.device.name(),
-            t.device_id
-        )));
+            t.ptr,
+            align
+        );
     }
     Ok(())
 }
@@ -73,20 +87,20 @@ fn count_or(raw: i64, default: usize, name: &str) -> Result<usize> {
 /// `[..., N, K]` (packed fp4 as `{17, 4, 1}` logical or uint8 bytes; K in storage elements
 /// for the divisibility rules). `layout_n`/`layout_k` 0 → 16. `dst` has `src`'s shape, with K
 /// rounded up to `pad_k_to` when that is > 0 (zero padding). `gate_up` requires
-/// `is_guinterleave` (a 3-D `[E, N, K]`). Host tensors run synchronously; device tensors
-/// return UNSUPPORTED for now. `stream` is unused for host tensors.
+/// `is_guinterleave` (a 3-D `[E, N, K]`). Host tensors run synchronously (`stream` unused);
+/// device tensors (all on one device, else INVALID_ARGUMENT) are written by kernels queued on
+/// `stream` (NULL = the default stream), byte-identical to the host result. The same holds
+/// for every prep call.
 #[no_mangle]
 pub unsafe extern "C" fn moeplug_shuffle_weight(
     args: *const moeplug_shuffle_weight_args,
     stream: *mut libc::c_void,
 ) -> moeplug_status {
-    let _ = stream;
     status(guard("moeplug_shuffle_weight", || {
         let a = read_struct(args, "args")?;
         let src = tensor(a.src, "src")?;
         let dst = tensor(a.dst, "dst")?;
-        host(&src)?;
-        host(&dst)?;
+        let at = location(&[&src, &dst])?;
         if src.elem.size() > 2 {
             crate::bail!(
                 invalid,
@@ -106,7 +120,10 @@ pub unsafe extern "C" fn moeplug_shuffle_weight(
         let plan = shuffle::plan_shuffle_weight("src", &src.shape, src.elem.size(), &params)?;
         dst.expect_shape(&plan.out_shape)?;
         no_overlap(&dst, &src)?;
-        shuffle::shuffle_weight(&plan, src.host_bytes(), dst.host_bytes_mut())
+        match at {
+            None => shuffle::shuffle_weight(&plan, src.host_bytes(), dst.host_bytes_mut()),
+            Some((v, id)) => gpu_prep::run_step(v, id, stream, &shuffle::step(&plan), &src, &dst),
+        }
     }))
 }
 
@@ -122,13 +139,11 @@ pub unsafe extern "C" fn moeplug_shuffle_scale(
     args: *const moeplug_shuffle_scale_args,
     stream: *mut libc::c_void,
 ) -> moeplug_status {
-    let _ = stream;
     status(guard("moeplug_shuffle_scale", || {
         let a = read_struct(args, "args")?;
         let src = tensor(a.src, "src")?;
         let dst = tensor(a.dst, "dst")?;
-        host(&src)?;
-        host(&dst)?;
+        let at = location(&[&src, &dst])?;
         src.expect_ndim(2)?;
         same_storage(&dst, &src)?;
         if a.num_experts < 0 {
@@ -141,8 +156,15 @@ pub unsafe extern "C" fn moeplug_shuffle_scale(
         if src.elem == ElemType::F32 {
             dst.expect_shape(&src.shape)?;
             no_overlap(&dst, &src)?;
-            dst.host_bytes_mut().copy_from_slice(src.host_bytes());
-            return Ok(());
+            return match at {
+                None => {
+                    dst.host_bytes_mut().copy_from_slice(src.host_bytes());
+                    Ok(())
+                }
+                Some((v, id)) => {
+                    gpu_prep::run_step(v, id, stream, &Step::copy(src.nbytes()), &src, &dst)
+                }
+            };
         }
         if !src.elem.is_byte() {
             crate::bail!(
@@ -156,18 +178,30 @@ pub unsafe extern "C" fn moeplug_shuffle_scale(
             let shape = scale::plan_shuffle_scale_gui("src", m, n, a.num_experts as usize)?;
             dst.expect_shape(&shape)?;
             no_overlap(&dst, &src)?;
-            scale::shuffle_scale_gui(
-                src.host_bytes(),
-                m,
-                n,
-                a.num_experts as usize,
-                gate_up,
-                dst.host_bytes_mut(),
-            );
+            let ne = a.num_experts as usize;
+            match at {
+                None => scale::shuffle_scale_gui(
+                    src.host_bytes(),
+                    m,
+                    n,
+                    ne,
+                    gate_up,
+                    dst.host_bytes_mut(),
+                ),
+                Some((v, id)) => {
+                    let step = scale::gui_step(m, n, ne, gate_up);
+                    gpu_prep::run_step(v, id, stream, &step, &src, &dst)?
+                }
+            }
         } else {
             dst.expect_shape(&scale::f3_shape(m, n))?;
             no_overlap(&dst, &src)?;
-            scale::shuffle_scale(src.host_bytes(), m, n, dst.host_bytes_mut());
+            match at {
+                None => scale::shuffle_scale(src.host_bytes(), m, n, dst.host_bytes_mut()),
+                Some((v, id)) => {
+                    gpu_prep::run_step(v, id, stream, &scale::f3_step(m, n), &src, &dst)?
+                }
+            }
         }
         Ok(())
     }))
@@ -261,13 +295,11 @@ pub unsafe extern "C" fn moeplug_pad_weights(
     args: *const moeplug_pad_weights_args,
     stream: *mut libc::c_void,
 ) -> moeplug_status {
-    let _ = stream;
     status(guard("moeplug_pad_weights", || {
         let a = read_struct(args, "args")?;
         let src = tensor(a.src, "src")?;
         let dst = tensor(a.dst, "dst")?;
-        host(&src)?;
-        host(&dst)?;
+        let at = location(&[&src, &dst])?;
         same_storage(&dst, &src)?;
         let as3 = |t: &Tensor| -> Result<[usize; 3]> {
             match t.shape[..] {
@@ -290,15 +322,23 @@ pub unsafe extern "C" fn moeplug_pad_weights(
         }
         let fill = fill_bytes(src.elem, a.fill)?;
         no_overlap(&dst, &src)?;
-        pad::pad_weights(
-            src.host_bytes(),
-            s3,
-            dst.host_bytes_mut(),
-            d3,
-            gate_up,
-            &fill,
-        );
-        Ok(())
+        match at {
+            None => {
+                pad::pad_weights(
+                    src.host_bytes(),
+                    s3,
+                    dst.host_bytes_mut(),
+                    d3,
+                    gate_up,
+                    &fill,
+                );
+                Ok(())
+            }
+            Some((v, id)) => {
+                let step = pad::step(s3, d3, gate_up, &fill);
+                gpu_prep::run_step(v, id, stream, &step, &src, &dst)
+            }
+        }
     }))
 }
 
@@ -312,7 +352,6 @@ pub unsafe extern "C" fn moeplug_swizzle_scale(
     args: *const moeplug_swizzle_scale_args,
     stream: *mut libc::c_void,
 ) -> moeplug_status {
-    let _ = stream;
     status(guard("moeplug_swizzle_scale", || {
         let a = read_struct(args, "args")?;
         let layout = enum_or(a.layout, ScaleLayout::Cdna4Swizzle, |r| {
@@ -320,8 +359,7 @@ pub unsafe extern "C" fn moeplug_swizzle_scale(
         })?;
         let src = tensor(a.src, "src")?;
         let dst = tensor(a.dst, "dst")?;
-        host(&src)?;
-        host(&dst)?;
+        let at = location(&[&src, &dst])?;
         src.expect_elem(&[ElemType::E8m0, ElemType::U8])?;
         same_storage(&dst, &src)?;
         src.expect_ndim(3)?;
@@ -330,12 +368,26 @@ pub unsafe extern "C" fn moeplug_swizzle_scale(
             ScaleLayout::Cdna4Swizzle => {
                 dst.expect_shape(&swizzle::cdna4_shape(e, n, ks))?;
                 no_overlap(&dst, &src)?;
-                swizzle::swizzle_cdna4(src.host_bytes(), e, n, ks, dst.host_bytes_mut());
+                match at {
+                    None => {
+                        swizzle::swizzle_cdna4(src.host_bytes(), e, n, ks, dst.host_bytes_mut())
+                    }
+                    Some((v, id)) => {
+                        let step = swizzle::cdna4_step(e, n, ks);
+                        gpu_prep::run_step(v, id, stream, &step, &src, &dst)?
+                    }
+                }
             }
             ScaleLayout::AiterE8m0 => {
                 dst.expect_shape(&scale::f3_shape(e * n, ks))?;
                 no_overlap(&dst, &src)?;
-                scale::shuffle_scale(src.host_bytes(), e * n, ks, dst.host_bytes_mut());
+                match at {
+                    None => scale::shuffle_scale(src.host_bytes(), e * n, ks, dst.host_bytes_mut()),
+                    Some((v, id)) => {
+                        let step = scale::f3_step(e * n, ks);
+                        gpu_prep::run_step(v, id, stream, &step, &src, &dst)?
+                    }
+                }
             }
             ScaleLayout::Plain => {
                 crate::bail!(
@@ -362,7 +414,6 @@ pub unsafe extern "C" fn moeplug_quantize_mx(
     args: *const moeplug_quantize_mx_args,
     stream: *mut libc::c_void,
 ) -> moeplug_status {
-    let _ = stream;
     status(guard("moeplug_quantize_mx", || {
         let a = read_struct(args, "args")?;
         let format = enum_or(a.format, WeightFormat::Mxfp4, |r| {
@@ -382,9 +433,7 @@ pub unsafe extern "C" fn moeplug_quantize_mx(
         let src = tensor(a.src, "src")?;
         let q = tensor(a.dst_q, "dst_q")?;
         let sc = tensor(a.dst_scale, "dst_scale")?;
-        for t in [&src, &q, &sc] {
-            host(t)?;
-        }
+        let at = location(&[&src, &q, &sc])?;
         src.expect_elem(&[ElemType::F32, ElemType::Bf16, ElemType::F16])?;
         if src.ndim() == 0 {
             crate::bail!(
@@ -434,6 +483,32 @@ pub unsafe extern "C" fn moeplug_quantize_mx(
         no_overlap(&q, &src)?;
         no_overlap(&sc, &src)?;
         no_overlap(&sc, &q)?;
+        if let Some((v, id)) = at {
+            let (src_type, align) = match src.elem {
+                ElemType::F32 => (0, 4),
+                ElemType::Bf16 => (1, 2),
+                _ => (2, 2),
+            };
+            check_align(&src, align)?;
+            let sn = if shuffled {
+                scale::f3_shape(rows, k / 32)[1]
+            } else {
+                0
+            };
+            return gpu_prep::quantize_mx(
+                v,
+                id,
+                stream,
+                &src,
+                src_type,
+                &q,
+                &sc,
+                k / 32,
+                sn,
+                mode,
+                dtype,
+            );
+        }
         let source = match src.elem {
             ElemType::F32 => MxSource::F32(src.host_slice::<f32>()?),
             ElemType::Bf16 => MxSource::Bf16(src.host_slice::<half::bf16>()?),
@@ -499,13 +574,18 @@ unsafe fn read_prepare(
     let device = enum_or(a.device_type, DeviceKind::Cpu, |r| {
         DeviceKind::from_raw("device_type", r)
     })?;
-    if device != DeviceKind::Cpu {
-        crate::bail!(
+    // The CPU and the CUDA fused_moe read the same layout; which memory the tensors live in
+    // is independent of the target.
+    match device {
+        DeviceKind::Cpu | DeviceKind::Cuda => {}
+        DeviceKind::Rocm => {
+            crate::backend::gpu::backend(Vendor::Hip, a.device_id)?;
+        }
+        _ => crate::bail!(
             unsupported,
-            "device_type: prepare_moe produces layouts for the CPU backend only in this build, \
-             got {}",
+            "device_type: prepare_moe produces layouts for the CPU and CUDA backends, got {}",
             device.name()
-        );
+        ),
     }
     if a.act_dtype != 0 {
         let act = ActDtype::from_raw("act_dtype", a.act_dtype)?;
@@ -675,7 +755,6 @@ unsafe fn output(
         ))),
         (Some(_), None, _) => Err(Error::invalid(format!("{name}: must not be NULL"))),
         (Some(shape), Some(t), like) => {
-            host(&t)?;
             if let Some(like) = like {
                 same_storage(&t, like)?;
             }
@@ -695,14 +774,15 @@ unsafe fn output(
 /// re-ordered to SEPARATED `[gate(I_pad); up(I_pad)]`, weights shuffled (AITER_16x16), MX
 /// scales e8m0-shuffled (AITER_E8M0, 2-D, padding 0x00), fp32 scales and biases re-ordered
 /// and padded (plain). Outputs must have exactly the shapes `moeplug_prepare_moe_sizes`
-/// reports, the dtypes of their inputs, be host memory and not overlap any input.
+/// reports, the dtypes of their inputs, and not overlap any input. `device_type` 2 (CUDA)
+/// gets the same layout (the CUDA fused_moe reads it); all tensors are host memory, or all
+/// on one device (then the work is queued on `stream`).
 /// `*out_layout` (caller sets `struct_size`) is written on success.
 #[no_mangle]
 pub unsafe extern "C" fn moeplug_prepare_moe(
     args: *const moeplug_prepare_moe_args,
     stream: *mut libc::c_void,
 ) -> moeplug_status {
-    let _ = stream;
     status(guard("moeplug_prepare_moe", || {
         let a = read_struct(args, "args")?;
         non_null(a.out_layout as *const moeplug_layout, "out_layout")?;
@@ -717,9 +797,8 @@ pub unsafe extern "C" fn moeplug_prepare_moe(
             req.w13_bias.as_ref(),
             req.w2_bias.as_ref(),
         ];
-        for t in inputs.iter().flatten() {
-            host(t)?;
-        }
+        let ins: Vec<&Tensor> = inputs.iter().flatten().copied().collect();
+        location(&ins)?;
         let o13 = output(a.out_w13, "out_w13", Some(&p.w13), Some(&req.w13))?.unwrap();
         let o2 = output(a.out_w2, "out_w2", Some(&p.w2), Some(&req.w2))?.unwrap();
         let o13s = output(
@@ -762,6 +841,27 @@ pub unsafe extern "C" fn moeplug_prepare_moe(
             for o2 in outputs[oi + 1..].iter().flatten() {
                 no_overlap(o2, o)?;
             }
+        }
+        let all: Vec<&Tensor> = inputs.iter().chain(&outputs).flatten().copied().collect();
+        if let Some((v, id)) = location(&all)? {
+            let addr = |t: Option<&Tensor>| t.map_or(0, |t| t.ptr as u64);
+            let steps: Vec<(Step, u64, u64)> = prepare::steps(p)
+                .into_iter()
+                .map(|(part, step)| {
+                    let i = match part {
+                        prepare::Part::W13 => 0,
+                        prepare::Part::W2 => 1,
+                        prepare::Part::W13Scale => 2,
+                        prepare::Part::W2Scale => 3,
+                        prepare::Part::W13Bias => 4,
+                        prepare::Part::W2Bias => 5,
+                    };
+                    (step, addr(inputs[i]), addr(outputs[i]))
+                })
+                .collect();
+            gpu_prep::run_steps(v, id, stream, &steps)?;
+            std::ptr::write_unaligned(a.out_layout, layout_record(&p.layout));
+            return Ok(());
         }
         unsafe fn bytes(t: &Option<Tensor>) -> Option<&[u8]> {
             t.as_ref().map(|t| t.host_bytes())

@@ -9,4 +9,5 @@ pub mod prepare;
 pub mod rows;
 pub mod scale;
 pub mod shuffle;
+pub mod steps;
 pub mod swizzle;

@@ -4,6 +4,7 @@
 //! fp32 biases as `[E, N, 1]`).
 
 use super::rows::write_rows;
+use super::steps::{RowMap, Step, Writer};
 use crate::error::Result;
 use crate::tensor::format_shape;
 
@@ -69,4 +70,27 @@ pub fn pad_weights(
         })
     };
     write_rows(dst, k_out * es, &rows, fill);
+}
+
+/// [`pad_weights`] as a [`Step`] (after [`plan_pad`]).
+pub fn step(src_shape: [usize; 3], dst_shape: [usize; 3], gate_up: bool, fill: &[u8]) -> Step {
+    let [e, n, k] = src_shape;
+    let [_, n_out, k_out] = dst_shape;
+    let es = fill.len();
+    let map = if gate_up {
+        RowMap {
+            half_out: (n_out / 2) as u64,
+            half_in: (n / 2) as u64,
+            mode: RowMap::HALVES_SEPARATED,
+            ..RowMap::plain(e, n_out.max(1), n, n)
+        }
+    } else {
+        RowMap::plain(e, n_out.max(1), n, n)
+    };
+    Step {
+        writer: Writer::rows(k_out * es, fill),
+        map,
+        src_row_bytes: k * es,
+        dst_bytes: e * n_out * k_out * es,
+    }
 }

@@ -12,6 +12,7 @@
 
 use super::rows::{f3_shuffle, tile_transpose, write_rows};
 use super::scale::{f3_shape, F3_PAD};
+use super::steps::{RowMap, Step, Writer};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::tensor::format_shape;
@@ -606,6 +607,152 @@ pub fn prepare_host(
         write_rows(d, h_pad * 4, &padded_rows(s, h * 4, e, 1, 1), &[0; 4]);
     }
     Ok(())
+}
+
+/// Which input/output pair a preparation [`Step`] reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Part {
+    W13,
+    W2,
+    W13Scale,
+    W2Scale,
+    W13Bias,
+    W2Bias,
+}
+
+/// [`prepare_host`] as data: one [`Step`] per output (what the device runs; the unit tests
+/// check it against [`prepare_host`] byte for byte). Absent tensors have no step.
+pub fn steps(shapes: &PreparedShapes) -> Vec<(Part, Step)> {
+    let l = &shapes.layout;
+    let (e, h, i, h_pad, i_pad) = (
+        l.num_experts,
+        l.hidden_size,
+        l.intermediate_size,
+        l.hidden_padded,
+        l.intermediate_padded,
+    );
+    let es = shapes.weight_elem_size;
+    let vpe = values_per_elem(l.weight_format);
+    let mode = shapes.spec.gate_mode_in;
+    let gate_up = RowMap::gate_up(e, i, i_pad, mode);
+    let w2_rows = RowMap::plain(e, h_pad, h, h);
+    let tile = |row_bytes: usize| Writer::Tile {
+        row_bytes,
+        tile_rows: 16,
+        pack: 16,
+    };
+    let zeros = Writer::rows(4, &[0; 4]);
+    let mut out = vec![
+        (
+            Part::W13,
+            Step {
+                writer: tile(h_pad / vpe * es),
+                map: gate_up,
+                src_row_bytes: h / vpe * es,
+                dst_bytes: shapes.w13_bytes(),
+            },
+        ),
+        (
+            Part::W2,
+            Step {
+                writer: tile(i_pad / vpe * es),
+                map: w2_rows,
+                src_row_bytes: i / vpe * es,
+                dst_bytes: shapes.w2_bytes(),
+            },
+        ),
+    ];
+    let (d13, d2) = (shapes.w13_scale_bytes(), shapes.w2_scale_bytes());
+    let scales = match shapes.scale_kind {
+        ScaleKind::None => None,
+        ScaleKind::Mx => {
+            let f3 = |sn: usize| Writer::F3 {
+                sn,
+                col_pad: F3_PAD,
+                row_pad: F3_PAD,
+            };
+            let sn13 = shapes.w13_scale.as_ref().map_or(0, |s| s[1]);
+            let sn2 = shapes.w2_scale.as_ref().map_or(0, |s| s[1]);
+            Some((
+                Step {
+                    writer: f3(sn13),
+                    map: gate_up,
+                    src_row_bytes: h / 32,
+                    dst_bytes: d13,
+                },
+                Step {
+                    writer: f3(sn2),
+                    map: w2_rows,
+                    src_row_bytes: i / 32,
+                    dst_bytes: d2,
+                },
+            ))
+        }
+        ScaleKind::PerTensor => {
+            let copy = |bytes: usize| Step {
+                writer: Writer::rows(bytes.max(1), &[0; 4]),
+                map: RowMap::plain(1, 1, 1, 1),
+                src_row_bytes: bytes,
+                dst_bytes: bytes,
+            };
+            Some((copy(d13), copy(d2)))
+        }
+        ScaleKind::PerChannel => Some((
+            Step {
+                writer: zeros,
+                map: gate_up,
+                src_row_bytes: 4,
+                dst_bytes: d13,
+            },
+            Step {
+                writer: zeros,
+                map: w2_rows,
+                src_row_bytes: 4,
+                dst_bytes: d2,
+            },
+        )),
+        ScaleKind::Block128 => Some((
+            Step {
+                writer: Writer::rows(h_pad / 128 * 4, &[0; 4]),
+                map: RowMap::gate_up(e, i / 128, i_pad / 128, GateMode::Separated),
+                src_row_bytes: h.div_ceil(128) * 4,
+                dst_bytes: d13,
+            },
+            Step {
+                writer: Writer::rows(i_pad / 128 * 4, &[0; 4]),
+                map: RowMap::plain(e, h_pad / 128, h.div_ceil(128), h.div_ceil(128)),
+                src_row_bytes: i / 128 * 4,
+                dst_bytes: d2,
+            },
+        )),
+    };
+    if let Some((s13, s2)) = scales {
+        out.push((Part::W13Scale, s13));
+        out.push((Part::W2Scale, s2));
+    }
+    if shapes.w13_bias.is_some() {
+        out.push((
+            Part::W13Bias,
+            Step {
+                writer: zeros,
+                map: gate_up,
+                src_row_bytes: 4,
+                dst_bytes: shapes.w13_bias_bytes(),
+            },
+        ));
+    }
+    if shapes.w2_bias.is_some() {
+        out.push((
+            Part::W2Bias,
+            Step {
+                writer: Writer::rows(h_pad * 4, &[0; 4]),
+                map: RowMap::plain(e, 1, 1, 1),
+                src_row_bytes: h * 4,
+                dst_bytes: shapes.w2_bias_bytes(),
+            },
+        ));
+    }
+    out
 }
 
 /// Owned outputs of [`prepare_vecs`].

@@ -6,6 +6,7 @@
 
 use super::maps::interleave16_source_row;
 use super::rows::f3_shuffle;
+use super::steps::{RowMap, Step, Writer};
 use crate::error::Result;
 
 /// Byte written into F3's padding rows and columns.
@@ -82,4 +83,40 @@ pub fn shuffle_scale_gui(
         Some(&src[start..start + n])
     };
     f3_shuffle(dst, sn, &rows, F4_PAD, F4_PAD);
+}
+
+/// [`shuffle_scale`] as a [`Step`].
+pub fn f3_step(m: usize, n: usize) -> Step {
+    let [sm, sn] = f3_shape(m, n);
+    Step {
+        writer: Writer::F3 {
+            sn,
+            col_pad: F3_PAD,
+            row_pad: F3_PAD,
+        },
+        map: RowMap::plain(1, sm.max(1), m, m),
+        src_row_bytes: n,
+        dst_bytes: sm * sn,
+    }
+}
+
+/// [`shuffle_scale_gui`] as a [`Step`] (after [`plan_shuffle_scale_gui`]).
+pub fn gui_step(m: usize, n: usize, num_experts: usize, gate_up: bool) -> Step {
+    let per_expert = m / num_experts;
+    let sn = n.div_ceil(8) * 8;
+    let map = if gate_up {
+        RowMap::interleave16_out(num_experts, per_expert, 16)
+    } else {
+        RowMap::plain(num_experts, per_expert, per_expert, per_expert)
+    };
+    Step {
+        writer: Writer::F3 {
+            sn,
+            col_pad: F4_PAD,
+            row_pad: F4_PAD,
+        },
+        map,
+        src_row_bytes: n,
+        dst_bytes: m * sn,
+    }
 }

@@ -6,6 +6,7 @@
 
 use super::maps::{f1_pack, interleave16_source_row};
 use super::rows::tile_transpose;
+use super::steps::{RowMap, Step, Writer};
 use crate::error::{Error, Result};
 use crate::tensor::format_shape;
 
@@ -247,6 +248,26 @@ pub fn shuffle_weight(plan: &WeightShufflePlan, src: &[u8], dst: &mut [u8]) -> R
     };
     tile_transpose(dst, row_out, plan.tile_rows, plan.pack_bytes, &rows);
     Ok(())
+}
+
+/// The planned shuffle as a [`Step`] (what the device runs; byte-identical to
+/// [`shuffle_weight`]).
+pub fn step(plan: &WeightShufflePlan) -> Step {
+    let map = if plan.interleave_gate_up {
+        RowMap::interleave16_out(plan.batch, plan.n, plan.tile_rows)
+    } else {
+        RowMap::plain(plan.batch, plan.n, plan.n, plan.n)
+    };
+    Step {
+        writer: Writer::Tile {
+            row_bytes: plan.k_out * plan.elem_size,
+            tile_rows: plan.tile_rows,
+            pack: plan.pack_bytes,
+        },
+        map,
+        src_row_bytes: plan.k_in * plan.elem_size,
+        dst_bytes: plan.out_bytes(),
+    }
 }
 
 /// Where `shuffle_weight` put source element (b, n, k): the storage offset (in elements) in

@@ -5,6 +5,7 @@
 //! to 32 (not 256) and zero padding.
 
 use super::rows::f3_shuffle;
+use super::steps::{RowMap, Step, Writer};
 
 /// Output shape of the CDNA4 swizzle of a `[e, n, ks]` scale.
 pub fn cdna4_shape(e: usize, n: usize, ks: usize) -> [usize; 3] {
@@ -22,4 +23,20 @@ pub fn swizzle_cdna4(src: &[u8], e: usize, n: usize, ks: usize, dst: &mut [u8]) 
         (q < n).then(|| &src[(x * n + q) * ks..(x * n + q + 1) * ks])
     };
     f3_shuffle(dst, sn, &rows, 0, 0);
+}
+
+/// [`swizzle_cdna4`] as a [`Step`].
+pub fn cdna4_step(e: usize, n: usize, ks: usize) -> Step {
+    let n32 = n.div_ceil(32) * 32;
+    let sn = ks.div_ceil(8) * 8;
+    Step {
+        writer: Writer::F3 {
+            sn,
+            col_pad: 0,
+            row_pad: 0,
+        },
+        map: RowMap::plain(e, n32.max(1), n, n),
+        src_row_bytes: ks,
+        dst_bytes: e * n32 * sn,
+    }
 }

@@ -18,6 +18,7 @@ use super::driver::{Api, Handle};
 /// The kernel sources, embedded at build time.
 pub const PORT_HEADER: &str = include_str!("../../../kernels/moeplug_port.h");
 pub const FUSED_MOE_SOURCE: &str = include_str!("../../../kernels/fused_moe.cu");
+pub const PREP_SOURCE: &str = include_str!("../../../kernels/prep.cu");
 
 /// 64-bit FNV-1a: stable across Rust versions and processes (std's SipHash keys are not
 /// guaranteed stable), which an on-disk key needs.
@@ -105,13 +106,24 @@ pub struct Compiled {
     pub seconds: f64,
 }
 
-/// Compile `source` for `arch` ("sm_90") with `defines`, through the disk cache.
+/// Compile the fused MoE kernels for `arch` ("sm_90") with `defines`, through the disk cache.
 pub fn compile(api: &Api, arch: &str, defines: &[String]) -> Result<Compiled> {
+    compile_source(api, arch, "fused_moe", FUSED_MOE_SOURCE, defines)
+}
+
+/// Compile `source` (kernels/`stem`.cu) for `arch` with `defines`, through the disk cache.
+pub fn compile_source(
+    api: &Api,
+    arch: &str,
+    stem: &str,
+    source: &str,
+    defines: &[String],
+) -> Result<Compiled> {
     let (maj, min) = api.rtc_version()?;
     let options = options(arch, defines);
     let rtc_version = format!("{}-{maj}.{min}", api.rtc.library);
     let key = cache_key(&[
-        FUSED_MOE_SOURCE,
+        source,
         PORT_HEADER,
         &options.join(" "),
         arch,
@@ -122,7 +134,7 @@ pub fn compile(api: &Api, arch: &str, defines: &[String]) -> Result<Compiled> {
     let dir = cache_dir();
     let path = dir
         .as_ref()
-        .map(|d| d.join(format!("fused_moe-{arch}-{key:016x}.bin")));
+        .map(|d| d.join(format!("{stem}-{arch}-{key:016x}.bin")));
     if let Some(bytes) = path.as_ref().and_then(read_cached) {
         return Ok(Compiled {
             binary: bytes,
@@ -130,7 +142,7 @@ pub fn compile(api: &Api, arch: &str, defines: &[String]) -> Result<Compiled> {
             seconds: start.elapsed().as_secs_f64(),
         });
     }
-    let binary = rtc_compile(api, &options)?;
+    let binary = rtc_compile(api, stem, source, &options)?;
     match (&dir, &path) {
         (Some(d), Some(p)) => write_cached(d, p, &binary),
         _ => warn_once("no cache directory (set MOEPLUG_CACHE_DIR or HOME)".into()),
@@ -144,7 +156,7 @@ pub fn compile(api: &Api, arch: &str, defines: &[String]) -> Result<Compiled> {
 
 /// Compile without touching the disk cache (for measuring the cold compile time).
 pub fn compile_uncached(api: &Api, arch: &str, defines: &[String]) -> Result<Vec<u8>> {
-    rtc_compile(api, &options(arch, defines))
+    rtc_compile(api, "fused_moe", FUSED_MOE_SOURCE, &options(arch, defines))
 }
 
 fn options(arch: &str, defines: &[String]) -> Vec<String> {
@@ -157,10 +169,10 @@ fn options(arch: &str, defines: &[String]) -> Vec<String> {
     options
 }
 
-fn rtc_compile(api: &Api, options: &[String]) -> Result<Vec<u8>> {
+fn rtc_compile(api: &Api, stem: &str, source: &str, options: &[String]) -> Result<Vec<u8>> {
     let c = |s: &str| CString::new(s).map_err(|e| Error::internal(e.to_string()));
-    let src = c(FUSED_MOE_SOURCE)?;
-    let name = c("fused_moe.cu")?;
+    let src = c(source)?;
+    let name = c(&format!("{stem}.cu"))?;
     let header = c(PORT_HEADER)?;
     let header_name = c("moeplug_port.h")?;
     let opts: Vec<CString> = options.iter().map(|o| c(o)).collect::<Result<_>>()?;

@@ -5,6 +5,7 @@
 pub mod cache;
 pub mod driver;
 pub mod launch;
+pub mod prep;
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
@@ -303,7 +304,9 @@ pub fn gpu_caps(arch: &str, runtime_version: &str) -> Caps {
             | feature::EXPERT_MASK
             | feature::NUM_LOCAL_TOKENS
             | feature::ROUTER_WEIGHT_ON_INPUT
-            | feature::GRAPH_CAPTURE,
+            | feature::GRAPH_CAPTURE
+            // Device tensors in every prep call (gpu::prep, tests/gpu/test_prep_device.py).
+            | feature::DEVICE_PREP,
     }
 }
 

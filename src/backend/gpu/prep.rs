@@ -1,0 +1,347 @@
+//! Weight preparation on the device (API.md §4, `kernels/prep.cu`): runs the plain-data
+//! [`Step`]s of `crate::prep::steps` and the MX quantizer on the caller's stream. Nothing is
+//! allocated, nothing synchronized, no device memory is read by the host: every call is a
+//! few kernel launches, capturable in a graph. Validation happens before, in the same code
+//! as for host tensors (`capi::prep`); this module only executes.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+use std::sync::{Arc, Mutex};
+
+use once_cell::sync::Lazy;
+
+use super::driver::Handle;
+use super::{GpuBackend, Vendor};
+use crate::error::{Error, Result};
+use crate::prep::steps::{RowMap, Step, Writer};
+use crate::quant::MxDtype;
+use crate::tensor::{DeviceKind, Tensor};
+use crate::types::RoundMode;
+
+/// Threads per block of every prep kernel (`PREP_THREADS` in prep.cu).
+const THREADS: u32 = 256;
+/// Grid size cap: the kernels loop over the rest (grid-stride).
+const MAX_BLOCKS: u64 = 1 << 16;
+
+/// Mirrors `StepParams` in kernels/prep.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct StepParams {
+    dst: u64,
+    src: u64,
+    units: u64,
+    src_row_bytes: u64,
+    a: u64,
+    b: u64,
+    c: u64,
+    map: RowMap,
+}
+
+/// Mirrors `QuantParams` in kernels/prep.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct QuantParams {
+    src: u64,
+    q: u64,
+    scale: u64,
+    blocks: u64,
+    ks: u64,
+    sn: u64,
+    src_type: u32,
+    dtype: u32,
+    mode: u32,
+    pad0: u32,
+}
+
+#[derive(Clone, Copy)]
+struct PrepKernels {
+    rows: Handle,
+    tile: Handle,
+    f3: Handle,
+    quant: Handle,
+    f3_pad: Handle,
+}
+// Function handles are process-wide driver objects, usable from any thread.
+unsafe impl Send for PrepKernels {}
+
+static KERNELS: Lazy<Mutex<HashMap<(Vendor, i32), PrepKernels>>> =
+    Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// The vendor whose runtime serves memory of `kind` (None for host memory).
+fn vendor_of(kind: DeviceKind) -> Option<Vendor> {
+    match kind {
+        DeviceKind::Cuda | DeviceKind::CudaManaged => Some(Vendor::Cuda),
+        DeviceKind::Rocm => Some(Vendor::Hip),
+        _ => None,
+    }
+}
+
+/// Where a prep call runs: None when every tensor is host memory, else the one device all
+/// of them are on. A mix is INVALID_ARGUMENT naming the first tensor that differs.
+pub fn location(tensors: &[&Tensor]) -> Result<Option<(Vendor, i32)>> {
+    let Some(first) = tensors.iter().find(|t| !t.device.is_host()) else {
+        return Ok(None);
+    };
+    let vendor = vendor_of(first.device);
+    for t in tensors {
+        if vendor_of(t.device) != vendor || t.device_id != first.device_id {
+            return Err(Error::invalid(format!(
+                "{}: expected device {}:{} like {} (inputs and outputs of a prep call must be \
+                 on one device), got {}:{}",
+                t.name,
+                first.device.name(),
+                first.device_id,
+                first.name,
+                t.device.name(),
+                t.device_id
+            )));
+        }
+    }
+    match vendor {
+        Some(v) => Ok(Some((v, first.device_id))),
+        None => Err(Error::unsupported(format!(
+            "{}: device {} is not supported by prep",
+            first.name,
+            first.device.name()
+        ))),
+    }
+}
+
+/// A device's backend and its prep kernels (compiled once per process and device).
+fn open(vendor: Vendor, device_id: i32) -> Result<(Arc<GpuBackend>, PrepKernels)> {
+    // Opens (and for HIP refuses) the device exactly as fused_moe does.
+    super::backend(vendor, device_id)?;
+    let dev = super::DEVICES
+        .lock()
+        .map_err(|_| Error::internal("device table poisoned"))?
+        .get(&(vendor, device_id))
+        .cloned()
+        .ok_or_else(|| Error::internal("device opened but not in the device table"))?;
+    let mut map = KERNELS
+        .lock()
+        .map_err(|_| Error::internal("prep kernel table poisoned"))?;
+    if let Some(k) = map.get(&(vendor, device_id)) {
+        return Ok((dev, *k));
+    }
+    let compiled =
+        super::cache::compile_source(dev.api, &dev.arch, "prep", super::cache::PREP_SOURCE, &[])?;
+    super::record_compile(&compiled);
+    let api = dev.api;
+    let ctx = dev.enter()?;
+    let mut module: Handle = std::ptr::null_mut();
+    // SAFETY: a complete code object; the module lives as long as the process.
+    unsafe {
+        api.check(
+            (api.cuModuleLoadData)(&mut module, compiled.binary.as_ptr() as *const c_void),
+            "cuModuleLoadData(prep)",
+        )?;
+    }
+    let get = |name: &CStr| -> Result<Handle> {
+        let mut f: Handle = std::ptr::null_mut();
+        api.check(
+            unsafe { (api.cuModuleGetFunction)(&mut f, module, name.as_ptr()) },
+            &format!("cuModuleGetFunction({})", name.to_string_lossy()),
+        )?;
+        Ok(f)
+    };
+    let k = PrepKernels {
+        rows: get(c"prep_rows")?,
+        tile: get(c"prep_tile")?,
+        f3: get(c"prep_f3")?,
+        quant: get(c"prep_quant_mx")?,
+        f3_pad: get(c"prep_f3_pad")?,
+    };
+    drop(ctx);
+    map.insert((vendor, device_id), k);
+    Ok((dev, k))
+}
+
+fn launch<P>(
+    dev: &GpuBackend,
+    f: Handle,
+    units: u64,
+    stream: Handle,
+    p: &P,
+    what: &str,
+) -> Result<()> {
+    if units == 0 {
+        return Ok(());
+    }
+    let blocks = units.div_ceil(THREADS as u64).min(MAX_BLOCKS) as u32;
+    let mut arg = p as *const P as *mut c_void;
+    // SAFETY: one by-value struct parameter matching the kernel's; the context is current.
+    let rc = unsafe {
+        (dev.api.cuLaunchKernel)(
+            f,
+            blocks,
+            1,
+            1,
+            THREADS,
+            1,
+            1,
+            0,
+            stream,
+            &mut arg,
+            std::ptr::null_mut(),
+        )
+    };
+    dev.api.check(rc, &format!("cuLaunchKernel({what})"))
+}
+
+fn launch_step(
+    dev: &GpuBackend,
+    k: &PrepKernels,
+    stream: Handle,
+    step: &Step,
+    src: u64,
+    dst: u64,
+) -> Result<()> {
+    if step.dst_bytes == 0 {
+        return Ok(());
+    }
+    let d = step.dst_bytes as u64;
+    let (f, units, a, b, c, what) = match step.writer {
+        Writer::Rows {
+            row_bytes,
+            fill,
+            fill_len,
+        } => {
+            let rb = row_bytes as u64;
+            (
+                k.rows,
+                d / rb * rb.div_ceil(16),
+                rb,
+                fill_len as u64,
+                u64::from_le_bytes(fill),
+                "prep_rows",
+            )
+        }
+        Writer::Tile {
+            row_bytes,
+            tile_rows,
+            pack,
+        } => (
+            k.tile,
+            d / pack as u64,
+            row_bytes as u64,
+            tile_rows as u64,
+            pack as u64,
+            "prep_tile",
+        ),
+        Writer::F3 {
+            sn,
+            col_pad,
+            row_pad,
+        } => (
+            k.f3,
+            d / 4,
+            sn as u64,
+            col_pad as u64,
+            row_pad as u64,
+            "prep_f3",
+        ),
+    };
+    let p = StepParams {
+        dst,
+        src,
+        units,
+        src_row_bytes: step.src_row_bytes as u64,
+        a,
+        b,
+        c,
+        map: step.map,
+    };
+    launch(dev, f, units, stream, &p, what)
+}
+
+/// Run `steps` (each: step, source address, destination address) on one device's stream.
+pub fn run_steps(
+    vendor: Vendor,
+    device_id: i32,
+    stream: *mut c_void,
+    steps: &[(Step, u64, u64)],
+) -> Result<()> {
+    let (dev, k) = open(vendor, device_id)?;
+    let _ctx = dev.enter()?;
+    for (step, src, dst) in steps {
+        launch_step(&dev, &k, stream as Handle, step, *src, *dst)?;
+    }
+    Ok(())
+}
+
+/// One step with tensors (see [`run_steps`]).
+pub fn run_step(
+    vendor: Vendor,
+    device_id: i32,
+    stream: *mut c_void,
+    step: &Step,
+    src: &Tensor,
+    dst: &Tensor,
+) -> Result<()> {
+    run_steps(
+        vendor,
+        device_id,
+        stream,
+        &[(*step, src.ptr as u64, dst.ptr as u64)],
+    )
+}
+
+/// MX quantization of `blocks` 32-element blocks (`ks` per row) from `src` (elem 0 f32,
+/// 1 bf16, 2 f16) into `q` and `scale`; `sn` > 0 writes the scales F3-shuffled with `sn`
+/// columns (padding 0x00), else row-major `[rows, ks]`.
+#[allow(clippy::too_many_arguments)]
+pub fn quantize_mx(
+    vendor: Vendor,
+    device_id: i32,
+    stream: *mut c_void,
+    src: &Tensor,
+    src_type: u32,
+    q: &Tensor,
+    scale: &Tensor,
+    ks: usize,
+    sn: usize,
+    mode: RoundMode,
+    dtype: MxDtype,
+) -> Result<()> {
+    let (dev, k) = open(vendor, device_id)?;
+    let _ctx = dev.enter()?;
+    let blocks = (src.numel() / 32) as u64;
+    let p = QuantParams {
+        src: src.ptr as u64,
+        q: q.ptr as u64,
+        scale: scale.ptr as u64,
+        blocks,
+        ks: ks as u64,
+        sn: sn as u64,
+        src_type,
+        dtype: match dtype {
+            MxDtype::Fp4E2m1 => 0,
+            MxDtype::Fp8E4m3 => 1,
+            MxDtype::Fp8E4m3Fnuz => 2,
+        },
+        mode: mode as u32,
+        pad0: 0,
+    };
+    let stream = stream as Handle;
+    launch(&dev, k.quant, blocks, stream, &p, "prep_quant_mx")?;
+    if sn > 0 {
+        // prep_f3_pad reads `blocks` as the scale's rows.
+        let rows = if ks == 0 { 0 } else { blocks / ks as u64 };
+        let pad = QuantParams { blocks: rows, ..p };
+        let total = rows.div_ceil(256) * 256 * sn as u64;
+        launch(&dev, k.f3_pad, total, stream, &pad, "prep_f3_pad")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_match_the_kernel_structs() {
+        assert_eq!(std::mem::size_of::<RowMap>(), 7 * 8);
+        assert_eq!(std::mem::size_of::<StepParams>(), 14 * 8);
+        assert_eq!(std::mem::size_of::<QuantParams>(), 6 * 8 + 4 * 4);
+    }
+}

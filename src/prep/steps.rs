@@ -1,0 +1,445 @@
+//! Preparation as data: every prep call is one or more [`Step`]s, each "write this output
+//! with one of the three writers of [`super::rows`], reading source rows through this
+//! [`RowMap`]". The host runs a step with the writers of `rows` ([`run_host`]); the GPU
+//! backend (`backend::gpu::prep`) ships the same plain-data step to a kernel that computes
+//! the same map per output byte. Unit tests here pin every step builder to the host function
+//! it describes, byte for byte, so the device only has to execute steps faithfully.
+
+use super::maps::interleave16_source_row;
+use super::rows::{f3_shuffle, tile_transpose, write_rows};
+use crate::types::GateMode;
+
+/// How a physical output row finds its source row. Output rows come in groups of
+/// `group_rows` (one per expert / matrix); groups at or beyond `groups` are padding. Within a
+/// group, row `q` maps to a source row of the group (`src_group_rows` rows each) by `mode`:
+///
+/// - [`RowMap::PLAIN`]: row `q` if `q < half_in`, else padding.
+/// - [`RowMap::HALVES_SEPARATED`] / `_INTERLEAVE` / `_INTERLEAVE_ROWS`: the group is two halves
+///   of `half_out` rows (gate, up); row `j` of half `g` is padding when `j >= half_in`, else
+///   the source row holding row `j` of half `g` in that gate mode with `half_in` rows per half.
+/// - [`RowMap::INTERLEAVE16_OUT`]: the output interleaves the separated source halves
+///   (`half_in` rows each) in `block`-row blocks g, u, g, u (AITER's gate_up shuffles).
+///
+/// `#[repr(C)]`, all `u64`: the kernels in `kernels/prep.cu` read it as is.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RowMap {
+    pub group_rows: u64,
+    pub groups: u64,
+    pub src_group_rows: u64,
+    pub half_out: u64,
+    pub half_in: u64,
+    pub mode: u64,
+    pub block: u64,
+}
+
+impl RowMap {
+    pub const PLAIN: u64 = 0;
+    pub const HALVES_SEPARATED: u64 = 1;
+    pub const HALVES_INTERLEAVE: u64 = 2;
+    pub const HALVES_INTERLEAVE_ROWS: u64 = 3;
+    pub const INTERLEAVE16_OUT: u64 = 4;
+
+    /// `groups` groups of `group_rows` output rows; the first `valid` rows of each come from
+    /// a source group of `src_rows` rows, the rest are padding.
+    pub fn plain(groups: usize, group_rows: usize, src_rows: usize, valid: usize) -> RowMap {
+        RowMap {
+            group_rows: group_rows as u64,
+            groups: groups as u64,
+            src_group_rows: src_rows as u64,
+            half_in: valid as u64,
+            mode: Self::PLAIN,
+            ..Default::default()
+        }
+    }
+
+    /// Gate/up rows of `e` experts, `inter` rows per half in `mode` order, written SEPARATED
+    /// with each half padded to `inter_pad` rows (rows past `e` experts are padding too).
+    pub fn gate_up(e: usize, inter: usize, inter_pad: usize, mode: GateMode) -> RowMap {
+        RowMap {
+            group_rows: 2 * inter_pad as u64,
+            groups: e as u64,
+            src_group_rows: 2 * inter as u64,
+            half_out: inter_pad as u64,
+            half_in: inter as u64,
+            mode: match mode {
+                GateMode::Separated => Self::HALVES_SEPARATED,
+                GateMode::Interleave => Self::HALVES_INTERLEAVE,
+                GateMode::InterleaveRows => Self::HALVES_INTERLEAVE_ROWS,
+            },
+            block: 0,
+        }
+    }
+
+    /// `groups` groups of `n` rows whose output interleaves the two separated halves in
+    /// `block`-row blocks.
+    pub fn interleave16_out(groups: usize, n: usize, block: usize) -> RowMap {
+        RowMap {
+            group_rows: n as u64,
+            groups: groups as u64,
+            src_group_rows: n as u64,
+            half_in: (n / 2) as u64,
+            mode: Self::INTERLEAVE16_OUT,
+            block: block as u64,
+            ..Default::default()
+        }
+    }
+
+    /// Source row (global index) of physical output row `p`, or None for a padding row.
+    #[inline]
+    pub fn source_row(&self, p: usize) -> Option<usize> {
+        let gr = self.group_rows as usize;
+        let (x, q) = (p / gr, p % gr);
+        if x >= self.groups as usize {
+            return None;
+        }
+        let half_in = self.half_in as usize;
+        let r = match self.mode {
+            Self::PLAIN => {
+                if q >= half_in {
+                    return None;
+                }
+                q
+            }
+            Self::INTERLEAVE16_OUT => interleave16_source_row(q, half_in, self.block as usize),
+            m => {
+                let half_out = self.half_out as usize;
+                let (g, j) = (q / half_out, q % half_out);
+                if j >= half_in {
+                    return None;
+                }
+                match m {
+                    Self::HALVES_SEPARATED => g * half_in + j,
+                    Self::HALVES_INTERLEAVE => (j / 16) * 32 + g * 16 + j % 16,
+                    _ => 2 * j + g,
+                }
+            }
+        };
+        Some(x * self.src_group_rows as usize + r)
+    }
+}
+
+/// Which writer a step uses (see [`super::rows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer {
+    /// [`write_rows`]: rows of `row_bytes`; missing bytes repeat `fill[..fill_len]`.
+    Rows {
+        row_bytes: usize,
+        fill: [u8; 8],
+        fill_len: usize,
+    },
+    /// [`tile_transpose`]: F1 tiles of `tile_rows` rows × `pack` bytes over rows of
+    /// `row_bytes`; missing bytes are 0.
+    Tile {
+        row_bytes: usize,
+        tile_rows: usize,
+        pack: usize,
+    },
+    /// [`f3_shuffle`] with `sn` columns; short rows get `col_pad`, padding rows `row_pad`.
+    F3 { sn: usize, col_pad: u8, row_pad: u8 },
+}
+
+impl Writer {
+    /// A [`Writer::Rows`] with `fill` (one element's bytes, at most 8; empty = zeros).
+    pub fn rows(row_bytes: usize, fill: &[u8]) -> Writer {
+        let mut f = [0u8; 8];
+        let len = fill.len().clamp(1, 8);
+        f[..fill.len().min(8)].copy_from_slice(&fill[..fill.len().min(8)]);
+        Writer::Rows {
+            row_bytes,
+            fill: f,
+            fill_len: len,
+        }
+    }
+}
+
+/// One output written from one source: `dst_bytes` bytes of output; source rows are
+/// `src_row_bytes` long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    pub writer: Writer,
+    pub map: RowMap,
+    pub src_row_bytes: usize,
+    pub dst_bytes: usize,
+}
+
+impl Step {
+    /// A byte-for-byte copy of `bytes` bytes.
+    pub fn copy(bytes: usize) -> Step {
+        Step {
+            writer: Writer::rows(bytes.max(1), &[0]),
+            map: RowMap::plain(1, 1, 1, 1),
+            src_row_bytes: bytes,
+            dst_bytes: bytes,
+        }
+    }
+}
+
+/// Run a step over host bytes (`src` must hold every row the map names).
+pub fn run_host(step: &Step, src: &[u8], dst: &mut [u8]) {
+    assert_eq!(dst.len(), step.dst_bytes, "step output length");
+    if dst.is_empty() {
+        return;
+    }
+    let (map, srb) = (step.map, step.src_row_bytes);
+    let rows = move |p: usize| map.source_row(p).map(|r| &src[r * srb..(r + 1) * srb]);
+    match step.writer {
+        Writer::Rows {
+            row_bytes,
+            fill,
+            fill_len,
+        } => write_rows(dst, row_bytes, &rows, &fill[..fill_len]),
+        Writer::Tile {
+            row_bytes,
+            tile_rows,
+            pack,
+        } => tile_transpose(dst, row_bytes, tile_rows, pack, &rows),
+        Writer::F3 {
+            sn,
+            col_pad,
+            row_pad,
+        } => f3_shuffle(dst, sn, &rows, col_pad, row_pad),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gate_up_map_matches_the_prepare_row_rule() {
+        let m = RowMap::gate_up(2, 3, 4, GateMode::InterleaveRows);
+        // Expert 0: gate rows 0..3 → source 0, 2, 4; row 3 padding; up rows → 1, 3, 5.
+        let got: Vec<_> = (0..8).map(|p| m.source_row(p)).collect();
+        assert_eq!(
+            got,
+            [
+                Some(0),
+                Some(2),
+                Some(4),
+                None,
+                Some(1),
+                Some(3),
+                Some(5),
+                None
+            ]
+        );
+        assert_eq!(m.source_row(8), Some(6));
+        assert_eq!(m.source_row(16), None); // past the experts
+    }
+
+    /// A small deterministic generator (no zeros-only inputs).
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            self.0 >> 33
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+        fn bytes(&mut self, n: usize) -> Vec<u8> {
+            (0..n).map(|_| self.next() as u8 | 1).collect()
+        }
+    }
+
+    fn run(step: &Step, src: &[u8]) -> Vec<u8> {
+        let mut d = vec![0xAB; step.dst_bytes];
+        run_host(step, src, &mut d);
+        d
+    }
+
+    #[test]
+    fn shuffle_weight_step_is_the_host_shuffle() {
+        use crate::prep::shuffle::*;
+        let mut g = Lcg(1);
+        let mut ran = 0;
+        for _ in 0..200 {
+            let es = 1 + g.below(2);
+            let gui = g.below(3) == 0;
+            let p = if gui {
+                let nl = [4, 8, 16, 32][g.below(4)];
+                ShuffleWeightParams {
+                    layout_n: nl,
+                    layout_k: [8, 16, 32][g.below(3)],
+                    is_guinterleave: true,
+                    gate_up: g.below(2) == 0,
+                    ..Default::default()
+                }
+            } else {
+                ShuffleWeightParams {
+                    layout_n: [16, 32][g.below(2)],
+                    layout_k: 16,
+                    use_int4: es == 1 && g.below(4) == 0,
+                    pad_k_to: [0, 0, 96, 256][g.below(4)],
+                    ..Default::default()
+                }
+            };
+            let p = if p.use_int4 {
+                ShuffleWeightParams { pad_k_to: 0, ..p }
+            } else {
+                p
+            };
+            let shape = vec![
+                1 + g.below(3),
+                (1 + g.below(3)) * 64,
+                (1 + g.below(4)) * 64 + if p.pad_k_to > 0 { 32 } else { 0 },
+            ];
+            let Ok(plan) = plan_shuffle_weight("src", &shape, es, &p) else {
+                continue;
+            };
+            let src = g.bytes(plan.in_bytes());
+            let mut want = vec![0xAB; plan.out_bytes()];
+            shuffle_weight(&plan, &src, &mut want).unwrap();
+            assert_eq!(run(&step(&plan), &src), want, "{p:?} {shape:?}");
+            ran += 1;
+        }
+        assert!(ran > 100, "only {ran} shuffles were valid");
+    }
+
+    #[test]
+    fn scale_steps_are_the_host_shuffles() {
+        use crate::prep::{scale, swizzle};
+        let mut g = Lcg(2);
+        for _ in 0..100 {
+            let (m, n) = (1 + g.below(600), 1 + g.below(40));
+            let src = g.bytes(m * n);
+            let [sm, sn] = scale::f3_shape(m, n);
+            let mut want = vec![0xAB; sm * sn];
+            scale::shuffle_scale(&src, m, n, &mut want);
+            assert_eq!(run(&scale::f3_step(m, n), &src), want, "f3 {m}x{n}");
+
+            let ne = 1 + g.below(4);
+            let per = 32 * (1 + g.below(3));
+            let gate_up = g.below(2) == 0;
+            let m = ne * per;
+            let src = g.bytes(m * n);
+            let mut want = vec![0xAB; m * sn];
+            scale::shuffle_scale_gui(&src, m, n, ne, gate_up, &mut want);
+            let step = scale::gui_step(m, n, ne, gate_up);
+            assert_eq!(run(&step, &src), want, "f4 {ne}x{per}x{n} {gate_up}");
+
+            let (e, nn, ks) = (1 + g.below(3), 1 + g.below(100), 1 + g.below(20));
+            let src = g.bytes(e * nn * ks);
+            let [_, a, b] = swizzle::cdna4_shape(e, nn, ks);
+            let mut want = vec![0xAB; e * a * b];
+            swizzle::swizzle_cdna4(&src, e, nn, ks, &mut want);
+            let step = swizzle::cdna4_step(e, nn, ks);
+            assert_eq!(run(&step, &src), want, "cdna4 {e}x{nn}x{ks}");
+        }
+    }
+
+    #[test]
+    fn pad_step_is_the_host_pad() {
+        use crate::prep::pad;
+        let mut g = Lcg(3);
+        for _ in 0..200 {
+            let es = [1, 2, 4, 8][g.below(4)];
+            let gate_up = g.below(2) == 0;
+            let e = 1 + g.below(3);
+            let (n, k) = (2 * g.below(20), g.below(20));
+            let (n2, k2) = (n + 2 * g.below(5), k + g.below(5));
+            let fill: Vec<u8> = if g.below(2) == 0 {
+                vec![0; es]
+            } else {
+                g.bytes(es)
+            };
+            let src = g.bytes(e * n * k * es);
+            let mut want = vec![0xAB; e * n2 * k2 * es];
+            pad::pad_weights(&src, [e, n, k], &mut want, [e, n2, k2], gate_up, &fill);
+            let step = pad::step([e, n, k], [e, n2, k2], gate_up, &fill);
+            assert_eq!(run(&step, &src), want, "{e}x{n}x{k} -> {n2}x{k2}");
+        }
+    }
+
+    #[test]
+    fn prepare_steps_are_prepare_host() {
+        use crate::prep::prepare::*;
+        use crate::types::WeightFormat as F;
+        let mut g = Lcg(4);
+        let formats = [
+            F::Bf16,
+            F::Fp16,
+            F::Fp8PerTensor,
+            F::Fp8PerChannel,
+            F::Fp8Block128,
+            F::Mxfp4,
+            F::Mxfp8,
+        ];
+        for round in 0..42 {
+            let format = formats[round % formats.len()];
+            let mode = [
+                GateMode::Separated,
+                GateMode::Interleave,
+                GateMode::InterleaveRows,
+            ][(round / 7) % 3];
+            let mode = if format == F::Fp8Block128 {
+                GateMode::Separated
+            } else {
+                mode
+            };
+            let e = 1 + g.below(3);
+            let unit = if format == F::Fp8Block128 { 128 } else { 32 };
+            let h = unit * (1 + g.below(3));
+            let i = unit * (1 + g.below(3));
+            let vpe = if format == F::Mxfp4 { 2 } else { 1 };
+            let kind = ScaleKind::of(format);
+            let (s13, s2) = match kind {
+                ScaleKind::None => (None, None),
+                ScaleKind::Mx => (Some(vec![e, 2 * i, h / 32]), Some(vec![e * h, i / 32])),
+                ScaleKind::PerTensor => (Some(vec![e]), Some(vec![e, 1])),
+                ScaleKind::PerChannel => (Some(vec![e, 2 * i]), Some(vec![e, h, 1])),
+                ScaleKind::Block128 => (
+                    Some(vec![e, 2 * i / 128, h.div_ceil(128)]),
+                    Some(vec![e, h.div_ceil(128), i / 128]),
+                ),
+            };
+            let bias = round % 2 == 0;
+            let spec = PrepareSpec {
+                format,
+                gate_mode_in: mode,
+                hidden_align: [0, 64, 96][g.below(3)],
+                intermediate_align: [0, 64, 160][g.below(3)],
+                w13: vec![e, 2 * i, h / vpe],
+                w2: vec![e, h, i / vpe],
+                w13_scale: s13.clone(),
+                w2_scale: s2.clone(),
+                w13_bias: bias.then(|| vec![e, 2 * i]),
+                w2_bias: bias.then(|| vec![e, h]),
+            };
+            let es = weight_elem_size(format);
+            let ses = kind.elem_size();
+            let numel = |s: &Option<Vec<usize>>| s.as_ref().map_or(0, |s| s.iter().product());
+            let w13 = g.bytes(e * 2 * i * h / vpe * es);
+            let w2 = g.bytes(e * h * i / vpe * es);
+            let sc13 = g.bytes(numel(&s13) * ses);
+            let sc2 = g.bytes(numel(&s2) * ses);
+            let b13 = g.bytes(e * 2 * i * 4);
+            let b2 = g.bytes(e * h * 4);
+            let has = s13.is_some();
+            let inp = PrepareInputs {
+                w13: &w13,
+                w2: &w2,
+                w13_scale: has.then_some(&sc13[..]),
+                w2_scale: has.then_some(&sc2[..]),
+                w13_bias: bias.then_some(&b13[..]),
+                w2_bias: bias.then_some(&b2[..]),
+            };
+            let (shapes, want) = prepare_vecs(&spec, inp).unwrap();
+            for (part, step) in steps(&shapes) {
+                let (src, want): (&[u8], &Vec<u8>) = match part {
+                    Part::W13 => (&w13, &want.w13),
+                    Part::W2 => (&w2, &want.w2),
+                    Part::W13Scale => (&sc13, want.w13_scale.as_ref().unwrap()),
+                    Part::W2Scale => (&sc2, want.w2_scale.as_ref().unwrap()),
+                    Part::W13Bias => (&b13, want.w13_bias.as_ref().unwrap()),
+                    Part::W2Bias => (&b2, want.w2_bias.as_ref().unwrap()),
+                };
+                assert_eq!(&run(&step, src), want, "{format:?} {mode:?} {part:?}");
+            }
+        }
+    }
+}
