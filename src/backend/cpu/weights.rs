@@ -6,7 +6,9 @@ use once_cell::sync::Lazy;
 
 use crate::layout::Layout;
 use crate::prep::maps::{f1_offset, f3_offset};
-use crate::quant::{e8m0_to_f32, fp4x2_to_f32, fp8_e4m3fn_to_f32, fp8_e4m3fnuz_to_f32};
+use crate::quant::{
+    e2m1_to_f32, e8m0_to_f32, fp4x2_to_f32, fp8_e4m3fn_to_f32, fp8_e4m3fnuz_to_f32,
+};
 use crate::tensor::ElemType;
 use crate::types::{ScaleLayout, WeightFormat, WeightLayout};
 
@@ -128,37 +130,170 @@ impl<'a> WeightMatrix<'a> {
         }
     }
 
-    /// Dequantize the first `used` logical columns of row `n` of expert `e` into `out`.
-    pub fn dequant_row(&self, e: usize, n: usize, used: usize, out: &mut [f32]) {
-        let eb = self.elem_bytes();
-        let pack_values = F1_PACK_BYTES / eb * self.per();
-        // A row is a run of 16-byte packs: adjacent in PLAIN, one tile row (16 packs) apart
-        // in F1. Walking by stride avoids index math per pack.
-        let stride = match self.layout {
-            WeightLayout::Plain => F1_PACK_BYTES,
-            WeightLayout::Aiter16x16 => F1_ROWS * F1_PACK_BYTES,
-        };
-        let start = e * self.expert_bytes() + self.byte_offset(n, 0);
-        let row_scale = match self.scale {
-            Scale::PerTensor(_) | Scale::PerChannel(_) => Some(self.scale_at(e, n, 0)),
-            _ => None,
-        };
-        for (chunk, dst) in out[..used].chunks_mut(pack_values).enumerate() {
-            let at = start + chunk * stride;
-            let len = dst.len().div_ceil(self.per()) * eb;
-            let scale = match (row_scale, self.scale) {
-                (_, Scale::None) => 1.0,
-                (Some(s), _) => s,
-                (None, _) => self.scale_at(e, n, chunk * pack_values),
-            };
-            decode(
-                self.elem,
-                self.format,
-                &self.bytes[at..at + len],
-                dst,
-                scale,
-            );
+    /// Logical values per 16-byte pack (8 for 16-bit, 16 for fp8, 32 for packed fp4).
+    pub fn pack_values(&self) -> usize {
+        F1_PACK_BYTES / self.elem_bytes() * self.per()
+    }
+
+    /// Whether tiles hold each 32-column block in fp4 pack order: the 16 even columns (low
+    /// nibbles) first, then the 16 odd ones (high nibbles). Activations must be permuted the
+    /// same way ([`to_pack_order`]); a dot product does not care about the order.
+    pub fn fp4_order(&self) -> bool {
+        self.format == WeightFormat::Mxfp4
+    }
+
+    /// Columns the tile kernel computes for `used` logical columns: packed fp4 rounds up to
+    /// whole 32-value packs (the extra columns are decoded as zero), others compute `used`.
+    pub fn k_extent(&self, used: usize) -> usize {
+        if self.fp4_order() {
+            used.div_ceil(MX_BLOCK) * MX_BLOCK
+        } else {
+            used
         }
+    }
+
+    /// Dequantize (scale applied) rows `n0..n0 + rows` of expert `e`, logical columns
+    /// `k0..k0 + width`, into `tile` (row r at `tile[r * ld..]`). `k0` is a multiple of
+    /// [`Self::pack_values`], `width <= ld`, `k0 + width <= self.k_extent(used)`; in fp4 order
+    /// (see [`Self::fp4_order`]) and columns at or beyond `used` are zero.
+    ///
+    /// Reads whole 16-byte packs in storage order (in F1 a 16-row tile is one contiguous run
+    /// of packs, k-pack major), each decoded by a fixed-size loop the compiler vectorizes.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn dequant_tile(
+        &self,
+        e: usize,
+        n0: usize,
+        rows: usize,
+        k0: usize,
+        width: usize,
+        used: usize,
+        tile: &mut [f32],
+        ld: usize,
+    ) {
+        let eb = self.elem_bytes();
+        let pv = self.pack_values();
+        debug_assert!(k0 % pv == 0 && width <= ld && rows <= F1_ROWS);
+        // Storage step from one row to the next and from one pack to the next.
+        let (row_step, pack_step) = match self.layout {
+            WeightLayout::Plain => (self.row_storage() * eb, F1_PACK_BYTES),
+            WeightLayout::Aiter16x16 => (F1_PACK_BYTES, F1_ROWS * F1_PACK_BYTES),
+        };
+        let base = e * self.expert_bytes() + self.byte_offset(n0, 0) + k0 / pv * pack_step;
+        let mut row_scale = [1f32; F1_ROWS];
+        if let Scale::PerTensor(_) | Scale::PerChannel(_) = self.scale {
+            for (r, s) in row_scale[..rows].iter_mut().enumerate() {
+                *s = self.scale_at(e, n0 + r, 0);
+            }
+        }
+        let scale = |r: usize, kp: usize| -> f32 {
+            match self.scale {
+                Scale::None | Scale::PerTensor(_) | Scale::PerChannel(_) => row_scale[r],
+                _ => self.scale_at(e, n0 + r, k0 + kp * pv),
+            }
+        };
+        let full = width / pv;
+        let pack = |r: usize, kp: usize| -> &[u8; F1_PACK_BYTES] {
+            let at = base + r * row_step + kp * pack_step;
+            self.bytes[at..at + F1_PACK_BYTES].try_into().unwrap()
+        };
+        match (self.elem, self.fp4_order()) {
+            (ElemType::Bf16, _) => {
+                for kp in 0..full {
+                    for r in 0..rows {
+                        let dst = &mut tile[r * ld + kp * 8..][..8];
+                        decode_bf16_pack(pack(r, kp), scale(r, kp), dst.try_into().unwrap());
+                    }
+                }
+            }
+            (_, true) => {
+                for kp in 0..full {
+                    for r in 0..rows {
+                        let dst = &mut tile[r * ld + kp * 32..][..32];
+                        decode_fp4_pack(pack(r, kp), scale(r, kp), dst.try_into().unwrap());
+                    }
+                }
+                let valid = used.saturating_sub(k0);
+                if valid < width {
+                    // The last pack is partly beyond `used`: zero those columns (they may
+                    // hold garbage). Position p holds column 2p (p < 16) or 2(p - 16) + 1.
+                    let kp = valid / 32;
+                    for r in 0..rows {
+                        let dst = &mut tile[r * ld + kp * 32..][..32];
+                        for (p, d) in dst.iter_mut().enumerate() {
+                            let col = kp * 32 + if p < 16 { 2 * p } else { 2 * (p - 16) + 1 };
+                            if col >= valid {
+                                *d = 0.0;
+                            }
+                        }
+                    }
+                }
+                return;
+            }
+            _ => {
+                for kp in 0..full {
+                    for r in 0..rows {
+                        let dst = &mut tile[r * ld + kp * pv..][..pv];
+                        let at = base + r * row_step + kp * pack_step;
+                        decode(
+                            self.elem,
+                            self.format,
+                            &self.bytes[at..at + F1_PACK_BYTES],
+                            dst,
+                            scale(r, kp),
+                        );
+                    }
+                }
+            }
+        }
+        // A last partial pack (`width` not a multiple of the pack): only its values are read.
+        let tail = width - full * pv;
+        if tail > 0 {
+            for r in 0..rows {
+                let at = base + r * row_step + full * pack_step;
+                decode(
+                    self.elem,
+                    self.format,
+                    &self.bytes[at..at + tail * eb],
+                    &mut tile[r * ld + full * pv..][..tail],
+                    scale(r, full),
+                );
+            }
+        }
+    }
+}
+
+/// Permute one activation row into fp4 pack order (see [`WeightMatrix::fp4_order`]):
+/// `dst[32b + p]` = `src[32b + 2p]` for p < 16, `src[32b + 2(p - 16) + 1]` otherwise; columns
+/// at or beyond `src.len()` are zero.
+pub fn to_pack_order(src: &[f32], dst: &mut [f32]) {
+    dst.fill(0.0);
+    for (b, block) in dst.chunks_mut(MX_BLOCK).enumerate() {
+        let s = &src[(b * MX_BLOCK).min(src.len())..((b + 1) * MX_BLOCK).min(src.len())];
+        for (j, &v) in s.iter().enumerate() {
+            block[j / 2 + (j % 2) * 16] = v;
+        }
+    }
+}
+
+/// 8 bf16 values of a pack, times `scale`.
+#[inline(always)]
+fn decode_bf16_pack(src: &[u8; 16], scale: f32, dst: &mut [f32; 8]) {
+    for (i, d) in dst.iter_mut().enumerate() {
+        let bits = u16::from_le_bytes([src[2 * i], src[2 * i + 1]]);
+        *d = f32::from_bits((bits as u32) << 16) * scale;
+    }
+}
+
+/// 32 fp4 values of a pack (one MX block), times `scale`, in pack order: low nibbles (even
+/// columns) then high nibbles (odd columns), so both halves are plain vector loops.
+#[inline(always)]
+fn decode_fp4_pack(src: &[u8; 16], scale: f32, dst: &mut [f32; 32]) {
+    let (lo, hi) = dst.split_at_mut(16);
+    for ((l, h), &b) in lo.iter_mut().zip(hi.iter_mut()).zip(src) {
+        *l = e2m1_to_f32(b & 15) * scale;
+        *h = e2m1_to_f32(b >> 4) * scale;
     }
 }
 
