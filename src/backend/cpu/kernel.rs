@@ -168,7 +168,7 @@ impl Gemm<'_> {
                 continue;
             }
             self.w
-                .dequant_tile(e, n0, rows, k0, width, self.used, &mut s.tile, TILE_COLS);
+                .dequant_tile::<false>(e, n0, rows, k0, width, self.used, &mut s.tile, TILE_COLS);
             tile_times_acts(&s.tile, rows, &x, acc);
         }
     }
@@ -187,7 +187,7 @@ unsafe fn dequant_tile_avx2(
     used: usize,
     tile: &mut [f32],
 ) {
-    w.dequant_tile(e, n0, rows, x.k0, x.width, used, tile, TILE_COLS);
+    w.dequant_tile::<true>(e, n0, rows, x.k0, x.width, used, tile, TILE_COLS);
 }
 
 /// Columns `k0..k0 + width` of some activation rows (row stride `ld`).

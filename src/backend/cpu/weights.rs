@@ -104,7 +104,7 @@ impl<'a> WeightMatrix<'a> {
     }
 
     /// Scale of logical column `k` of row `n` of expert `e` (constant over a 16-byte pack).
-    #[inline]
+    #[inline(always)]
     fn scale_at(&self, e: usize, n: usize, k: usize) -> f32 {
         match self.scale {
             Scale::None => 1.0,
@@ -159,9 +159,12 @@ impl<'a> WeightMatrix<'a> {
     ///
     /// Reads whole 16-byte packs in storage order (in F1 a 16-row tile is one contiguous run
     /// of packs, k-pack major), each decoded by a fixed-size loop the compiler vectorizes.
+    ///
+    /// `AVX2`: the caller runs with AVX2 enabled (checked at run time); packed fp4 then
+    /// decodes through a byte shuffle ([`decode_fp4_pack_avx2`]).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub fn dequant_tile(
+    pub fn dequant_tile<const AVX2: bool>(
         &self,
         e: usize,
         n0: usize,
@@ -210,8 +213,16 @@ impl<'a> WeightMatrix<'a> {
             (_, true) => {
                 for kp in 0..full {
                     for r in 0..rows {
-                        let dst = &mut tile[r * ld + kp * 32..][..32];
-                        decode_fp4_pack(pack(r, kp), scale(r, kp), dst.try_into().unwrap());
+                        let dst: &mut [f32; 32] =
+                            (&mut tile[r * ld + kp * 32..][..32]).try_into().unwrap();
+                        #[cfg(target_arch = "x86_64")]
+                        if AVX2 {
+                            // SAFETY: AVX2 is set only by callers running with AVX2 enabled
+                            // after a run-time check.
+                            unsafe { decode_fp4_pack_avx2(pack(r, kp), scale(r, kp), dst) };
+                            continue;
+                        }
+                        decode_fp4_pack(pack(r, kp), scale(r, kp), dst);
                     }
                 }
                 let valid = used.saturating_sub(k0);
@@ -286,6 +297,36 @@ fn decode_bf16_pack(src: &[u8; 16], scale: f32, dst: &mut [f32; 8]) {
     }
 }
 
+/// [`decode_fp4_pack`] with AVX2: one byte shuffle maps 16 nibbles to twice their e2m1
+/// value as i8 (0, ±1, …, ±12), which converts exactly to f32 and is multiplied by
+/// `scale / 2` (exact: a power of two, and every product has at most 3 significant bits, so
+/// it equals `value * scale`). The only difference from the portable decoder is code 8
+/// (−0), which gives +0; a dot product that starts from +0 cannot see the sign of a zero
+/// term. About 3x fewer instructions than the select-based portable version.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn decode_fp4_pack_avx2(src: &[u8; 16], scale: f32, dst: &mut [f32; 32]) {
+    use std::arch::x86_64::*;
+    // SAFETY: src holds 16 bytes and dst 32 f32 (four 8-lane stores at 0, 8, 16, 24); all
+    // loads and stores are unaligned ones.
+    let bytes = _mm_loadu_si128(src.as_ptr() as *const __m128i);
+    let low4 = _mm_set1_epi8(15);
+    let lo = _mm_and_si128(bytes, low4);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(bytes), low4);
+    let twice = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    let (lo, hi) = (_mm_shuffle_epi8(twice, lo), _mm_shuffle_epi8(twice, hi));
+    let half_scale = _mm256_set1_ps(scale * 0.5);
+    let out = dst.as_mut_ptr();
+    for (i, v) in [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)]
+        .into_iter()
+        .enumerate()
+    {
+        let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+        _mm256_storeu_ps(out.add(8 * i), _mm256_mul_ps(f, half_scale));
+    }
+}
+
 /// 32 fp4 values of a pack (one MX block), times `scale`, in pack order: low nibbles (even
 /// columns) then high nibbles (odd columns), so both halves are plain vector loops.
 #[inline(always)]
@@ -335,6 +376,34 @@ fn decode(elem: ElemType, format: WeightFormat, src: &[u8], dst: &mut [f32], sca
             let t = &*FP8_FN;
             for (d, &b) in dst.iter_mut().zip(src) {
                 *d = t[b as usize] * scale;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The AVX2 fp4 decoder equals the portable one for every byte and a range of scales
+    /// (up to the sign of zero), so either path gives the same launch results.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn fp4_decoders_agree() {
+        if !std::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        for scale_byte in [0u8, 1, 100, 127, 130, 254, 255] {
+            let scale = e8m0_to_f32(scale_byte);
+            for first in (0..=255u8).step_by(16) {
+                let src: [u8; 16] = std::array::from_fn(|i| first.wrapping_add(i as u8 * 17));
+                let (mut want, mut got) = ([0f32; 32], [0f32; 32]);
+                decode_fp4_pack(&src, scale, &mut want);
+                // SAFETY: AVX2 checked above.
+                unsafe { decode_fp4_pack_avx2(&src, scale, &mut got) };
+                for (w, g) in want.iter().zip(&got) {
+                    assert!(w == g || (w.is_nan() && g.is_nan()), "{w} vs {g}");
+                }
             }
         }
     }
