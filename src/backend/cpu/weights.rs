@@ -190,12 +190,15 @@ impl<'a> WeightMatrix<'a> {
                 *s = self.scale_at(e, n0 + r, 0);
             }
         }
-        let scale = |r: usize, kp: usize| -> f32 {
-            match self.scale {
-                Scale::None | Scale::PerTensor(_) | Scale::PerChannel(_) => row_scale[r],
-                _ => self.scale_at(e, n0 + r, k0 + kp * pv),
+        // A fn called directly, not a closure: LLVM left a closure out of line, and this runs
+        // per pack.
+        #[inline(always)]
+        fn pack_scale(w: &WeightMatrix, e: usize, n: usize, k: usize, row_scale: f32) -> f32 {
+            match w.scale {
+                Scale::None | Scale::PerTensor(_) | Scale::PerChannel(_) => row_scale,
+                _ => w.scale_at(e, n, k),
             }
-        };
+        }
         let full = width / pv;
         let pack = |r: usize, kp: usize| -> &[u8; F1_PACK_BYTES] {
             let at = base + r * row_step + kp * pack_step;
@@ -206,7 +209,11 @@ impl<'a> WeightMatrix<'a> {
                 for kp in 0..full {
                     for r in 0..rows {
                         let dst = &mut tile[r * ld + kp * 8..][..8];
-                        decode_bf16_pack(pack(r, kp), scale(r, kp), dst.try_into().unwrap());
+                        decode_bf16_pack(
+                            pack(r, kp),
+                            pack_scale(self, e, n0 + r, k0 + kp * pv, row_scale[r]),
+                            dst.try_into().unwrap(),
+                        );
                     }
                 }
             }
@@ -219,10 +226,20 @@ impl<'a> WeightMatrix<'a> {
                         if AVX2 {
                             // SAFETY: AVX2 is set only by callers running with AVX2 enabled
                             // after a run-time check.
-                            unsafe { decode_fp4_pack_avx2(pack(r, kp), scale(r, kp), dst) };
+                            unsafe {
+                                decode_fp4_pack_avx2(
+                                    pack(r, kp),
+                                    pack_scale(self, e, n0 + r, k0 + kp * pv, row_scale[r]),
+                                    dst,
+                                )
+                            };
                             continue;
                         }
-                        decode_fp4_pack(pack(r, kp), scale(r, kp), dst);
+                        decode_fp4_pack(
+                            pack(r, kp),
+                            pack_scale(self, e, n0 + r, k0 + kp * pv, row_scale[r]),
+                            dst,
+                        );
                     }
                 }
                 let valid = used.saturating_sub(k0);
@@ -252,7 +269,7 @@ impl<'a> WeightMatrix<'a> {
                             self.format,
                             &self.bytes[at..at + F1_PACK_BYTES],
                             dst,
-                            scale(r, kp),
+                            pack_scale(self, e, n0 + r, k0 + kp * pv, row_scale[r]),
                         );
                     }
                 }
@@ -268,7 +285,7 @@ impl<'a> WeightMatrix<'a> {
                     self.format,
                     &self.bytes[at..at + tail * eb],
                     &mut tile[r * ld + full * pv..][..tail],
-                    scale(r, full),
+                    pack_scale(self, e, n0 + r, k0 + full * pv, row_scale[r]),
                 );
             }
         }
