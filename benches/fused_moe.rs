@@ -206,13 +206,29 @@ fn main() {
         "CPU fused_moe, Qwen3-30B-A3B layer (E={E}, topk={TOPK}, H={H}, I={I}), {threads} threads"
     );
     println!("memcpy (1 thread, 256 MiB): {:.1} GB/s", memcpy_bandwidth());
+    // Optional filters: `cargo bench --bench fused_moe -- 1 mxfp4` runs only those.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let ms: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    let formats: Vec<&String> = args
+        .iter()
+        .filter(|a| a.parse::<usize>().is_err())
+        .collect();
     let mut rng = Rng(42);
     for mxfp4 in [false, true] {
+        let name = if mxfp4 { "mxfp4" } else { "bf16" };
+        if !formats.is_empty() && !formats.iter().any(|f| f.as_str() == name) {
+            continue;
+        }
         for m in [1, 8, 64] {
+            if !ms.is_empty() && !ms.contains(&m) {
+                continue;
+            }
             let (t, bw) = bench(mxfp4, m, &mut rng);
             println!(
-                "{:>6} M={m:>3}: {:>9.3} ms  weight bandwidth {bw:>6.2} GB/s",
-                if mxfp4 { "mxfp4" } else { "bf16" },
+                "{name:>6} M={m:>3}: {:>9.3} ms  weight bandwidth {bw:>6.2} GB/s",
                 t.as_secs_f64() * 1e3
             );
         }

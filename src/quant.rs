@@ -4,15 +4,17 @@
 /// Magnitudes of the e2m1 codes 0..7 (bit 3 is the sign).
 pub const E2M1_MAGNITUDES: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
 
-/// Value of one e2m1 code (low 4 bits of `code`).
+/// Value of one e2m1 code (low 4 bits of `code`), built from bits without a table or a
+/// branch so that loops over many codes vectorize (= `E2M1_MAGNITUDES` with the sign).
 #[inline]
 pub fn e2m1_to_f32(code: u8) -> f32 {
-    let m = E2M1_MAGNITUDES[(code & 7) as usize];
-    if code & 8 != 0 {
-        -m
-    } else {
-        m
-    }
+    let c = (code & 7) as u32;
+    // Codes 2..7 are normal, exponent c/2 - 1 and mantissa bit c%2: f32 bits (c + 252) << 22.
+    // The same bits give 0.5 and 0.75 for the subnormal codes 0 and 1; 2v - 1 maps those to
+    // 0 and 0.5 exactly.
+    let v = f32::from_bits((c + 252) << 22);
+    let m = if c < 2 { 2.0 * v - 1.0 } else { v };
+    f32::from_bits(m.to_bits() | (((code & 8) as u32) << 28))
 }
 
 /// Both values of a packed fp4x2 byte: (low nibble = even element, high nibble = odd).
@@ -148,6 +150,68 @@ pub fn f32_to_fp8_e4m3fnuz(x: f32) -> u8 {
         code | 0x80
     } else {
         code
+    }
+}
+
+/// Which fp8 flavour: OCP e4m3fn (gfx950, max 448) or e4m3fnuz (gfx942, max 240).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp8Kind {
+    E4m3fn,
+    E4m3fnuz,
+}
+
+impl Fp8Kind {
+    /// Largest finite magnitude.
+    pub fn max(self) -> f32 {
+        match self {
+            Fp8Kind::E4m3fn => 448.0,
+            Fp8Kind::E4m3fnuz => 240.0,
+        }
+    }
+    /// Byte of `x` ([`f32_to_fp8_e4m3fn`] / [`f32_to_fp8_e4m3fnuz`]).
+    #[inline]
+    pub fn encode(self, x: f32) -> u8 {
+        match self {
+            Fp8Kind::E4m3fn => f32_to_fp8_e4m3fn(x),
+            Fp8Kind::E4m3fnuz => f32_to_fp8_e4m3fnuz(x),
+        }
+    }
+    /// Value of byte `b`.
+    #[inline]
+    pub fn decode(self, b: u8) -> f32 {
+        match self {
+            Fp8Kind::E4m3fn => fp8_e4m3fn_to_f32(b),
+            Fp8Kind::E4m3fnuz => fp8_e4m3fnuz_to_f32(b),
+        }
+    }
+    /// The MX element type of the same encoding.
+    pub fn mx_dtype(self) -> MxDtype {
+        match self {
+            Fp8Kind::E4m3fn => MxDtype::Fp8E4m3,
+            Fp8Kind::E4m3fnuz => MxDtype::Fp8E4m3Fnuz,
+        }
+    }
+}
+
+/// The f32 scale of dynamic fp8 quantization (per tensor, per token or per 1x128 group):
+/// amax / fp8 max, and 1 for an all-zero group as AITER's per-token quant does.
+#[inline]
+pub fn fp8_scale_from_amax(amax: f32, kind: Fp8Kind) -> f32 {
+    let s = amax / kind.max();
+    if s == 0.0 {
+        1.0
+    } else {
+        s
+    }
+}
+
+/// fp8 bytes of `src / scale` (one f32 scale for the whole slice) into `q`.
+/// Panics if the lengths differ.
+pub fn quantize_fp8(src: &[f32], scale: f32, kind: Fp8Kind, q: &mut [u8]) {
+    assert_eq!(src.len(), q.len(), "q length");
+    for (b, &x) in q.iter_mut().zip(src) {
+        // Divide (not multiply by the reciprocal): AITER's reference divides.
+        *b = kind.encode(x / scale);
     }
 }
 
@@ -415,7 +479,57 @@ mod tests {
     #[test]
     fn e2m1_round_trips_every_code() {
         for c in 0u8..16 {
+            let m = E2M1_MAGNITUDES[(c & 7) as usize];
+            let want = if c & 8 != 0 { -m } else { m };
+            assert_eq!(e2m1_to_f32(c).to_bits(), want.to_bits(), "code {c}");
             assert_eq!(f32_to_e2m1(e2m1_to_f32(c)), c);
+        }
+    }
+
+    #[test]
+    fn e2m1_examples_from_the_spec() {
+        // LAYOUTS.md §1.1.
+        let cases = [
+            (0.25, 0),
+            (0.75, 2),
+            (1.25, 2),
+            (1.75, 4),
+            (2.5, 4),
+            (3.5, 6),
+            (5.0, 6),
+            (5.9999, 7),
+            (1e-30, 0),
+            (-0.0, 8),
+            (7.0, 7),
+            (f32::INFINITY, 7),
+            (-100.0, 15),
+        ];
+        for (x, c) in cases {
+            assert_eq!(f32_to_e2m1(x), c, "x = {x}");
+        }
+    }
+
+    #[test]
+    fn e8m0_round_up_examples_from_the_spec() {
+        // LAYOUTS.md §4.2 (FP4).
+        let cases = [
+            (0.0, 0),
+            (1e-40, 1),
+            (6.0, 127),
+            (6.000_000_5, 128),
+            (7.0, 128),
+            (12.0, 128),
+            (24.0, 129),
+            (100.0, 132),
+            (f32::INFINITY, 255),
+            (f32::NAN, 255),
+        ];
+        for (a, b) in cases {
+            assert_eq!(
+                e8m0_scale_from_amax(a, crate::types::RoundMode::Up, MxDtype::Fp4E2m1),
+                b,
+                "amax = {a}"
+            );
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Helpers shared by the integration tests: where the built library is, running tools.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)] // each test binary uses a different part
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
