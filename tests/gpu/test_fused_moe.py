@@ -342,12 +342,13 @@ def test_caps():
     assert c.gate_modes == sum(1 << v for v in _abi.GATE_MODE.values())
     assert c.activations == sum(1 << v for v in _abi.ACTIVATION.values())
     assert c.weight_layouts == sum(1 << v for v in _abi.WEIGHT_LAYOUT.values())
-    assert c.features == 0b11111  # BIAS, EXPERT_MASK, NUM_LOCAL_TOKENS, RWOI, GRAPH_CAPTURE
+    # BIAS, EXPERT_MASK, NUM_LOCAL_TOKENS, RWOI, GRAPH_CAPTURE, DEVICE_PREP
+    assert c.features == 0b111111
     cpu = _abi.get_caps(1, 0)
     for f in ["weight_formats", "act_dtypes", "gate_modes", "activations", "weight_layouts",
               "scale_layouts"]:
         assert getattr(c, f) == getattr(cpu, f), f
-    assert c.features == cpu.features | (1 << 4)
+    assert c.features == cpu.features | (1 << 4) | (1 << 5)
 
 
 @pytest.mark.parametrize("fmt,act_dtype", [("mxfp4", "bf16"), ("fp8_per_tensor", "fp8_per_tensor"),
