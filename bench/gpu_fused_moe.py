@@ -27,7 +27,8 @@ MODELS = {  # E trimmed for memory; H, I, k real
 }
 RUNS = [("gpt-oss-120b", "mxfp4"), ("gpt-oss-120b", "bf16"),
         ("deepseek-v3", "fp8_block128"), ("deepseek-v3", "mxfp8"), ("deepseek-v3", "bf16"),
-        ("qwen3-30b-a3b", "bf16"), ("qwen3-30b-a3b", "fp8_per_channel")]
+        ("qwen3-30b-a3b", "bf16"), ("qwen3-30b-a3b", "fp8_per_channel"),
+        ("qwen3-30b-a3b", "fp8_per_tensor"), ("qwen3-30b-a3b", "fp16")]
 BYTES_PER_W = {"bf16": 2, "fp16": 2, "mxfp4": 0.5 + 1 / 32, "mxfp8": 1 + 1 / 32,
                "fp8_per_tensor": 1, "fp8_per_channel": 1, "fp8_block128": 1}
 
@@ -75,8 +76,11 @@ def bench(model, fmt, M, sets, iters):
 
 def main():
     ms = [int(v) for v in os.environ.get("BENCH_M", "1,64,4096").split(",")]
+    # BENCH_RUNS="model:format,..." picks some of the runs (all by default).
+    picked = os.environ.get("BENCH_RUNS")
+    runs = [tuple(r.split(":")) for r in picked.split(",")] if picked else RUNS
     rows = []
-    for model, fmt in RUNS:
+    for model, fmt in runs:
         c = MODELS[model]
         nsets = 3
         sets = [make_moe(fmt, "aiter_16x16", "aiter_e8m0" if fmt.startswith("mx") else "none",
