@@ -562,7 +562,13 @@ __device__ void moe_gemm(const Params& p) {
 #define KSW (WFMT == 5 || WFMT == 6 || WFMT == 7)  // weight scale varies along K
 #define KSA (QG != 0)                              // activation scale varies along K
 #define FOLD (KSW || KSA)
-#define MMA_F16 (ACT_F16 && !ACT_Q)
+// The MMA type is fp16 when the activations are fp16 and the weights are not bf16, else bf16.
+// An fp16 operand against a bf16 MMA (fp16 weights with bf16 activations, fp16 activations
+// with bf16 weights) is split into hi + lo bf16 parts, both exact (an fp16 significand has
+// 11 bits, the residual after rounding to bf16's 8 at most 3): one more MMA per fragment.
+#define MMA_F16 (ACT_F16 && !ACT_Q && WFMT != 1)
+#define SPLIT_A (ACT_F16 && !ACT_Q && WFMT == 1)
+#define SPLIT_B (WFMT == 2 && !MMA_F16)
 
 __device__ __forceinline__ u16 to_t(float v) {  // v is exact in T
 #if MMA_F16
@@ -627,12 +633,23 @@ __device__ __forceinline__ float w_scale(const u8* S, int e, int R, int k, int N
 #endif
 }
 
-// Weight code -> T bits (codes are exact in T; the scale is applied later).
+// hi + lo bf16 parts of an fp16-exact value v (both exact; non-finite v: lo = 0).
+__device__ __forceinline__ u32 split_lo(float v, u16 hi) {
+  float r = v - mp_bf16_to_f32(hi);
+  return r == r ? __float_as_uint(r) >> 16 : 0u;
+}
+
+// Weight code -> T bits (codes are exact in T; the scale is applied later). fp8: the code's
+// exponent and mantissa bits placed in an f32 and scaled by a power of two (exact, subnormal
+// codes included); the NaN codes map to NaN.
 __device__ __forceinline__ u16 w_code(u32 c) {
 #if WFMT == 6
   return to_t(mp_e2m1_to_f32(c));
 #else
-  return to_t(mp_fp8_to_f32(c, FP8_FNUZ));
+  float f = __uint_as_float((c & 0x7fu) << 20) * (FP8_FNUZ ? 0x1p119f : 0x1p120f);
+  f = __uint_as_float(__float_as_uint(f) | (c & 0x80u) << 24);
+  bool nan = FP8_FNUZ ? c == 0x80u : (c & 0x7fu) == 0x7fu;
+  return to_t(nan ? __uint_as_float(0x7fc00000u) : f);
 #endif
 }
 
@@ -647,6 +664,12 @@ template <bool GATED>
 __device__ void moe_gemm_tc(const Params& p) {
   __shared__ __align__(16) u16 As[BM][TLD];
   __shared__ __align__(16) u16 Bs[TBR][TLD];
+#if SPLIT_A
+  __shared__ __align__(16) u16 As_lo[BM][TLD];
+#endif
+#if SPLIT_B
+  __shared__ __align__(16) u16 Bs_lo[TBR][TLD];
+#endif
   __shared__ float Asc[BM][2], Bsc[TBR][2];
   __shared__ int s_row[BM];
   int tile = blockIdx.x;
@@ -691,6 +714,9 @@ __device__ void moe_gemm_tc(const Params& p) {
   // Registers of one K step in flight.
   uint4 wr[NPT];
   u16 av[8];
+#if SPLIT_A
+  u16 av_lo[8];
+#endif
   float wsc = 0.0f, asc = 0.0f;
   auto fetch = [&](int k0) {
 #pragma unroll
@@ -713,7 +739,12 @@ __device__ void moe_gemm_tc(const Params& p) {
                       : mp_bf16_to_f32(((const u16*)p.inter)[arow * p.I + k]);
 #endif
       }
+#if SPLIT_A
+      av[i] = mp_f32_to_bf16(v);
+      av_lo[i] = split_lo(v, av[i]);
+#else
       av[i] = to_t(v);
+#endif
     }
 #if KSW
     {
@@ -740,6 +771,11 @@ __device__ void moe_gemm_tc(const Params& p) {
     // weight columns may hold NaN).
     *(uint4*)&As[ar][ak] = make_uint4(av[0] | (u32)av[1] << 16, av[2] | (u32)av[3] << 16,
                                       av[4] | (u32)av[5] << 16, av[6] | (u32)av[7] << 16);
+#if SPLIT_A
+    *(uint4*)&As_lo[ar][ak] =
+        make_uint4(av_lo[0] | (u32)av_lo[1] << 16, av_lo[2] | (u32)av_lo[3] << 16,
+                   av_lo[4] | (u32)av_lo[5] << 16, av_lo[6] | (u32)av_lo[7] << 16);
+#endif
 #pragma unroll
     for (int j = 0; j < NPT; ++j) {
       int kc = pk[j] * PACK, kg = k0 + kc;
@@ -751,6 +787,17 @@ __device__ void moe_gemm_tc(const Params& p) {
         for (int i = 0; i < 8; ++i)
           if (kg + i >= K) wv[i >> 1] &= (i & 1) ? 0x0000ffffu : 0xffff0000u;
       }
+#if SPLIT_B
+      u32 lo[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float f0 = mp_f16_to_f32((u16)wv[i]), f1 = mp_f16_to_f32((u16)(wv[i] >> 16));
+        u16 h0 = mp_f32_to_bf16(f0), h1 = mp_f32_to_bf16(f1);
+        lo[i] = split_lo(f0, h0) | split_lo(f1, h1) << 16;
+        wv[i] = h0 | (u32)h1 << 16;
+      }
+      *(uint4*)&Bs_lo[pr[j]][kc] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+#endif
       *(uint4*)dst = make_uint4(wv[0], wv[1], wv[2], wv[3]);
 #else
 #pragma unroll
@@ -799,23 +846,40 @@ __device__ void moe_gemm_tc(const Params& p) {
 #pragma unroll
       for (int kk = ks * 32; kk < ks * 32 + 32; kk += 16) {
         u32 a[2][4], b[2][2];
+        auto frag_a = [&](const u16(*X)[TLD]) {
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          a[mt][0] = *(const u32*)&As[mt * 16 + gid][kk + 2 * tig];
-          a[mt][1] = *(const u32*)&As[mt * 16 + gid + 8][kk + 2 * tig];
-          a[mt][2] = *(const u32*)&As[mt * 16 + gid][kk + 2 * tig + 8];
-          a[mt][3] = *(const u32*)&As[mt * 16 + gid + 8][kk + 2 * tig + 8];
-        }
+          for (int mt = 0; mt < 2; ++mt) {
+            a[mt][0] = *(const u32*)&X[mt * 16 + gid][kk + 2 * tig];
+            a[mt][1] = *(const u32*)&X[mt * 16 + gid + 8][kk + 2 * tig];
+            a[mt][2] = *(const u32*)&X[mt * 16 + gid][kk + 2 * tig + 8];
+            a[mt][3] = *(const u32*)&X[mt * 16 + gid + 8][kk + 2 * tig + 8];
+          }
+        };
+        auto frag_b = [&](const u16(*X)[TLD]) {
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          int br = (GATED ? nt * 64 + warp * 8 : warp * 16 + nt * 8) + gid;
-          b[nt][0] = *(const u32*)&Bs[br][kk + 2 * tig];
-          b[nt][1] = *(const u32*)&Bs[br][kk + 2 * tig + 8];
-        }
+          for (int nt = 0; nt < 2; ++nt) {
+            int br = (GATED ? nt * 64 + warp * 8 : warp * 16 + nt * 8) + gid;
+            b[nt][0] = *(const u32*)&X[br][kk + 2 * tig];
+            b[nt][1] = *(const u32*)&X[br][kk + 2 * tig + 8];
+          }
+        };
+        auto mmas = [&]() {
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+          for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt) mma16816(ACCT[mt][nt], a[mt], b[nt][0], b[nt][1]);
+            for (int nt = 0; nt < 2; ++nt) mma16816(ACCT[mt][nt], a[mt], b[nt][0], b[nt][1]);
+        };
+        frag_a(As);
+        frag_b(Bs);
+        mmas();
+#if SPLIT_A
+        frag_a(As_lo);
+        mmas();
+#endif
+#if SPLIT_B
+        frag_b(Bs_lo);
+        mmas();
+#endif
       }
 #undef ACCT
 #if FOLD

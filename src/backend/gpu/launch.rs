@@ -6,7 +6,7 @@ use crate::error::{Error, Result, Status};
 use crate::moe::check::{check_launch, check_record, LaunchShape};
 use crate::moe::MoeLaunch;
 use crate::tensor::{ElemType, Tensor};
-use crate::types::{ActDtype, Activation, ScaleLayout, WeightFormat};
+use crate::types::{ActDtype, Activation, ScaleLayout};
 
 /// Rows per sorted tile (`BM` in kernels/fused_moe.cu).
 pub const TILE_M: usize = 32;
@@ -227,21 +227,11 @@ pub fn workspace_ptr(launch: &MoeLaunch, plan: &Plan) -> Result<u64> {
 }
 
 /// Whether the GEMMs run on tensor cores (`TC` in kernels/fused_moe.cu): CUDA sm_80+
-/// (`arch` "sm_XY"), and both MMA operands exact in one 16-bit type. The MMA type is fp16 for
-/// 16-bit fp16 activations, else bf16; fp8 / e2m1 codes are exact in both, but bf16 weights
-/// are not exact in fp16 nor fp16 weights in bf16, so those two pairings keep the fp32 kernel.
-pub fn tensor_cores(launch: &MoeLaunch, arch: &str) -> bool {
-    let sm = arch
-        .strip_prefix("sm_")
+/// (`arch` "sm_XY"); every format and activation dtype has an exact MMA path there.
+pub fn tensor_cores(arch: &str) -> bool {
+    arch.strip_prefix("sm_")
         .and_then(|v| v.parse::<u32>().ok())
-        .unwrap_or(0);
-    let mma_f16 = launch.config.act_dtype == ActDtype::Fp16;
-    let exact = match launch.config.layout.weight_format {
-        WeightFormat::Bf16 => !mma_f16,
-        WeightFormat::Fp16 => mma_f16,
-        _ => true,
-    };
-    sm >= 80 && exact
+        .is_some_and(|sm| sm >= 80)
 }
 
 /// Compile-time defines of the kernel for this configuration (part of the cache key).

@@ -337,7 +337,7 @@ impl Backend for GpuBackend {
         }
         let ws = launch::workspace_ptr(l, &plan)?;
         let _ctx = self.enter()?;
-        let tc = launch::tensor_cores(l, &self.arch);
+        let tc = launch::tensor_cores(&self.arch);
         let k = self.kernels(launch::defines(l, tc))?;
         let p = launch::params(l, &plan, ws);
         let stream = l.stream as Handle;
