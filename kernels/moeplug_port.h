@@ -53,10 +53,11 @@ __device__ __forceinline__ float mp_e8m0_to_f32(u32 b) {
 }
 
 // OCP e2m1 code (low 4 bits).
+// Built from bits (no table: a run-time indexed array lands in local memory).
 __device__ __forceinline__ float mp_e2m1_to_f32(u32 c) {
-  const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  float m = mag[c & 7];
-  return (c & 8) ? -m : m;
+  u32 e = (c >> 1) & 3u, m = c & 1u;
+  u32 mag = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);  // 0, 0.5 subnormal
+  return __uint_as_float(mag | ((c & 8u) << 28));
 }
 
 // fp8 e4m3fn (bias 7, S.1111.111 NaN) or, with fnuz, e4m3fnuz (bias 8, 0x80 NaN).

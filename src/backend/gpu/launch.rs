@@ -10,8 +10,10 @@ use crate::types::{ActDtype, Activation, ScaleLayout};
 
 /// Rows per sorted tile (`BM` in kernels/fused_moe.cu).
 pub const TILE_M: usize = 32;
-/// Output columns per block (`BN`).
+/// Output columns per block (`BN`; stage 1 of the tensor-core path too).
 pub const TILE_N: usize = 64;
+/// Stage-2 output columns per block of the tensor-core path (`BN2`).
+pub const TILE_N2_TC: usize = 128;
 /// Threads of the GEMM and reduce kernels, and of the route kernel.
 pub const THREADS: u32 = 256;
 pub const ROUTE_THREADS: u32 = 1024;
@@ -224,8 +226,16 @@ pub fn workspace_ptr(launch: &MoeLaunch, plan: &Plan) -> Result<u64> {
     Ok(w.ptr as u64)
 }
 
+/// Whether the GEMMs run on tensor cores (`TC` in kernels/fused_moe.cu): CUDA sm_80+
+/// (`arch` "sm_XY"); every format and activation dtype has an exact MMA path there.
+pub fn tensor_cores(arch: &str) -> bool {
+    arch.strip_prefix("sm_")
+        .and_then(|v| v.parse::<u32>().ok())
+        .is_some_and(|sm| sm >= 80)
+}
+
 /// Compile-time defines of the kernel for this configuration (part of the cache key).
-pub fn defines(launch: &MoeLaunch) -> Vec<String> {
+pub fn defines(launch: &MoeLaunch, tc: bool) -> Vec<String> {
     let c = &launch.config;
     let l = &c.layout;
     let f16 = |t: &Tensor| (t.elem == ElemType::F16) as i32;
@@ -255,6 +265,7 @@ pub fn defines(launch: &MoeLaunch) -> Vec<String> {
         format!("RWOI={}", c.router_weight_on_input as i32),
         format!("HAS_MASK={}", launch.expert_mask.is_some() as i32),
         format!("FP8_FNUZ={}", fnuz as i32),
+        format!("TC={}", tc as i32),
     ]
 }
 

@@ -337,11 +337,17 @@ impl Backend for GpuBackend {
         }
         let ws = launch::workspace_ptr(l, &plan)?;
         let _ctx = self.enter()?;
-        let k = self.kernels(launch::defines(l))?;
+        let tc = launch::tensor_cores(&self.arch);
+        let k = self.kernels(launch::defines(l, tc))?;
         let p = launch::params(l, &plan, ws);
         let stream = l.stream as Handle;
         let tiles = plan.max_tiles as u32;
         let n_tiles = |n: usize| n.div_ceil(launch::TILE_N) as u32;
+        let n2 = if tc {
+            launch::TILE_N2_TC
+        } else {
+            launch::TILE_N
+        };
         let c = &l.config.layout;
         let act = l.config.act_dtype;
         let rows = |n: usize| (n as u32, 1);
@@ -373,7 +379,11 @@ impl Backend for GpuBackend {
         if act.is_quantized() {
             gemm(k.quant2, rows(pairs), "moe_quant2")?;
         }
-        gemm(k.stage2, (tiles, n_tiles(c.hidden_size)), "moe_stage2")?;
+        gemm(
+            k.stage2,
+            (tiles, c.hidden_size.div_ceil(n2) as u32),
+            "moe_stage2",
+        )?;
         gemm(
             k.reduce,
             (
@@ -441,6 +451,7 @@ pub fn describe() -> String {
             "RWOI=0",
             "HAS_MASK=0",
             "FP8_FNUZ=0",
+            "TC=1",
         ]
         .iter()
         .map(|s| s.to_string())
