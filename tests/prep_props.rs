@@ -5,8 +5,8 @@ mod common;
 
 use common::*;
 use moeplug::capi::types::*;
-use moeplug::prep::maps::{f1_offset, f3_offset};
-use moeplug::prep::prepare::{self, w13_source_row, PrepareInputs, PrepareSpec};
+use moeplug::prep::maps::{f1_offset, f3_offset, w13_source_row};
+use moeplug::prep::prepare::{self, PrepareInputs, PrepareSpec};
 use moeplug::prep::shuffle::{
     plan_shuffle_weight, shuffle_weight, shuffled_offset, ShuffleWeightParams,
 };
@@ -158,6 +158,17 @@ fn cdna4_swizzle_is_per_expert_f3_with_32_row_alignment() {
     }
 }
 
+/// Source row of padded row `p` of one expert (None: a padding row), from the definition:
+/// with `gate_up` the gate half stays first and the up half starts at `n_out / 2`.
+fn padded_source_row(p: usize, n: usize, n_out: usize, gate_up: bool) -> Option<usize> {
+    if !gate_up {
+        return (p < n).then_some(p);
+    }
+    let (half, half_out) = (n / 2, n_out / 2);
+    let (up, j) = (p >= half_out, p % half_out);
+    (j < half).then_some(j + if up { half } else { 0 })
+}
+
 #[test]
 fn pad_then_slice_gives_the_input() {
     let mut rng = Rng(0x5eed_0004);
@@ -176,7 +187,7 @@ fn pad_then_slice_gives_the_input() {
         pad::pad_weights(&src, [e, n, k], &mut dst, [e, n2, k2], gate_up, &fill);
         for x in 0..e {
             for r in 0..n2 {
-                let src_row = pad::padded_source_row(r, n, n2, gate_up);
+                let src_row = padded_source_row(r, n, n2, gate_up);
                 for c in 0..k2 {
                     let d = ((x * n2 + r) * k2 + c) * es;
                     let got = &dst[d..d + es];
@@ -192,7 +203,7 @@ fn pad_then_slice_gives_the_input() {
         }
         if gate_up {
             // Up rows start at N'/2.
-            assert_eq!(pad::padded_source_row(n2 / 2, n, n2, true), Some(n / 2));
+            assert_eq!(padded_source_row(n2 / 2, n, n2, true), Some(n / 2));
         }
     }
 }

@@ -1,11 +1,11 @@
 //! Preparation as data: every prep call is one or more [`Step`]s, each "write this output
 //! with one of the three writers of [`super::rows`], reading source rows through this
-//! [`RowMap`]". The host runs a step with the writers of `rows` ([`run_host`]); the GPU
-//! backend (`backend::gpu::prep`) ships the same plain-data step to a kernel that computes
-//! the same map per output byte. Unit tests here pin every step builder to the host function
-//! it describes, byte for byte, so the device only has to execute steps faithfully.
+//! [`RowMap`]". This is the only description of the prep layouts: the host runs a step with
+//! the writers of `rows` ([`run_host`]; `shuffle`, `scale`, `pad`, `swizzle` and `prepare`
+//! only build steps and call it), the GPU backend (`backend::gpu::prep`) ships the same
+//! plain-data step to a kernel that computes the same map per output byte.
 
-use super::maps::interleave16_source_row;
+use super::maps::{interleave16_source_row, w13_source_row};
 use super::rows::{f3_shuffle, tile_transpose, write_rows};
 use crate::types::GateMode;
 
@@ -108,11 +108,12 @@ impl RowMap {
                 if j >= half_in {
                     return None;
                 }
-                match m {
-                    Self::HALVES_SEPARATED => g * half_in + j,
-                    Self::HALVES_INTERLEAVE => (j / 16) * 32 + g * 16 + j % 16,
-                    _ => 2 * j + g,
-                }
+                let mode = match m {
+                    Self::HALVES_SEPARATED => GateMode::Separated,
+                    Self::HALVES_INTERLEAVE => GateMode::Interleave,
+                    _ => GateMode::InterleaveRows,
+                };
+                w13_source_row(mode, g, j, half_in)
             }
         };
         Some(x * self.src_group_rows as usize + r)
@@ -173,10 +174,16 @@ impl Step {
             dst_bytes: bytes,
         }
     }
+
+    /// Bytes of source the step reads: every row of every group the map names.
+    pub fn src_bytes(&self) -> usize {
+        (self.map.groups * self.map.src_group_rows) as usize * self.src_row_bytes
+    }
 }
 
-/// Run a step over host bytes (`src` must hold every row the map names).
+/// Run a step over host bytes: `src` holds [`Step::src_bytes`], `dst` `step.dst_bytes`.
 pub fn run_host(step: &Step, src: &[u8], dst: &mut [u8]) {
+    assert_eq!(src.len(), step.src_bytes(), "step input length");
     assert_eq!(dst.len(), step.dst_bytes, "step output length");
     if dst.is_empty() {
         return;
