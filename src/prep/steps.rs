@@ -259,56 +259,52 @@ mod tests {
     /// Each output byte must be named exactly once.
     fn per_byte(step: &Step, src: &[u8]) -> Vec<u8> {
         use crate::prep::maps::{f1_offset, f3_offset};
-        let srb = step.src_row_bytes;
-        // Some(Some(b)): a source byte; Some(None): past the source row; None: padding row.
-        let at = |p: usize, c: usize| {
-            step.map
-                .source_row(p)
-                .map(|r| (c < srb).then(|| src[r * srb + c]))
-        };
-        let mut d: Vec<Option<u8>> = vec![None; step.dst_bytes];
-        let mut put = |o: usize, v: u8| {
-            assert!(d[o].is_none(), "output byte {o} written twice");
-            d[o] = Some(v);
-        };
-        match step.writer {
+        type Offset = Box<dyn Fn(usize, usize) -> usize>;
+        // Per writer: bytes per output row, where (row, column) goes, and the padding byte
+        // of a column past the source row (`true`) or of a padding row (`false`).
+        let (cols, offset, pad): (usize, Offset, Box<dyn Fn(usize, bool) -> u8>) = match step.writer
+        {
             Writer::Rows {
                 row_bytes,
                 fill,
                 fill_len,
-            } => {
-                for o in 0..step.dst_bytes {
-                    let (p, c) = (o / row_bytes, o % row_bytes);
-                    put(o, at(p, c).flatten().unwrap_or(fill[c % fill_len]));
-                }
-            }
+            } => (
+                row_bytes,
+                Box::new(move |p, c| p * row_bytes + c),
+                Box::new(move |c, _| fill[c % fill_len]),
+            ),
             Writer::Tile {
                 row_bytes,
                 tile_rows,
                 pack,
-            } => {
-                for p in 0..step.dst_bytes / row_bytes {
-                    for c in 0..row_bytes {
-                        let o = f1_offset(p, c, row_bytes, tile_rows, pack);
-                        put(o, at(p, c).flatten().unwrap_or(0));
-                    }
-                }
-            }
+            } => (
+                row_bytes,
+                Box::new(move |p, c| f1_offset(p, c, row_bytes, tile_rows, pack)),
+                Box::new(|_, _| 0),
+            ),
             Writer::F3 {
                 sn,
                 col_pad,
                 row_pad,
-            } => {
-                for p in 0..step.dst_bytes / sn {
-                    for c in 0..sn {
-                        let v = match at(p, c) {
-                            Some(Some(b)) => b,
-                            Some(None) => col_pad,
-                            None => row_pad,
-                        };
-                        put(f3_offset(p, c, sn), v);
-                    }
-                }
+            } => (
+                sn,
+                Box::new(move |p, c| f3_offset(p, c, sn)),
+                Box::new(move |_, in_row| if in_row { col_pad } else { row_pad }),
+            ),
+        };
+        let mut d: Vec<Option<u8>> = vec![None; step.dst_bytes];
+        let srb = step.src_row_bytes;
+        for p in 0..step.dst_bytes.checked_div(cols).unwrap_or(0) {
+            let row = step.map.source_row(p);
+            for c in 0..cols {
+                let v = match row {
+                    Some(r) if c < srb => src[r * srb + c],
+                    Some(_) => pad(c, true),
+                    None => pad(c, false),
+                };
+                let o = offset(p, c);
+                assert!(d[o].is_none(), "output byte {o} written twice");
+                d[o] = Some(v);
             }
         }
         d.into_iter()
