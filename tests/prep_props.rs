@@ -356,6 +356,78 @@ fn prepare_inverse_maps_for_every_gate_mode_and_format() {
 }
 
 #[test]
+fn prepare_host_checks_its_buffers() {
+    // MXFP4, E=1, H=64, I=32: w13 [1, 64, 32] B, w2 [1, 64, 16] B, scales, no biases.
+    let (e, h, i) = (1usize, 64usize, 32usize);
+    let spec = PrepareSpec {
+        format: WeightFormat::Mxfp4,
+        gate_mode_in: GateMode::Separated,
+        hidden_align: 0,
+        intermediate_align: 0,
+        w13: vec![e, 2 * i, h / 2],
+        w2: vec![e, h, i / 2],
+        w13_scale: Some(vec![e, 2 * i, h / 32]),
+        w2_scale: Some(vec![e * h, i / 32]),
+        w13_bias: None,
+        w2_bias: None,
+    };
+    let shapes = prepare::plan(&spec).unwrap();
+    let (w13, w2) = (vec![1u8; e * 2 * i * h / 2], vec![2u8; e * h * i / 2]);
+    let (s13, s2) = (vec![3u8; e * 2 * i * h / 32], vec![4u8; e * h * i / 32]);
+    let bias = vec![0u8; 4 * e * h];
+    let inputs = PrepareInputs {
+        w13: &w13,
+        w2: &w2,
+        w13_scale: Some(&s13),
+        w2_scale: Some(&s2),
+        w13_bias: None,
+        w2_bias: None,
+    };
+    let mut o = [
+        vec![0u8; shapes.w13_bytes()],
+        vec![0u8; shapes.w2_bytes()],
+        vec![0u8; shapes.w13_scale_bytes()],
+        vec![0u8; shapes.w2_scale_bytes()],
+    ];
+    // (change, expected message); change: 0 none, 1 short w2, 2 long out_w13, 3 no w2_scale
+    // input, 4 short out_w13_scale, 5 an extra w2 bias, 6 long w13_scale.
+    let cases: [(usize, &str); 7] = [
+        (0, ""),
+        (1, "w2: expected 1024 bytes of input, got 1023"),
+        (2, "out_w13: expected 65536 bytes of output, got 65537"),
+        (3, "w2_scale: input required"),
+        (4, "out_w13_scale: expected 4096 bytes of output, got 4095"),
+        (5, "w2_bias: given, but the plan has no such tensor"),
+        (6, "w13_scale: expected 128 bytes of input, got 129"),
+    ];
+    for (change, want) in cases {
+        let mut inp = inputs;
+        let long13s = vec![3u8; s13.len() + 1];
+        match change {
+            1 => inp.w2 = &w2[1..],
+            3 => inp.w2_scale = None,
+            5 => inp.w2_bias = Some(&bias),
+            6 => inp.w13_scale = Some(&long13s),
+            _ => {}
+        }
+        let mut long13 = vec![0u8; o[0].len() + 1];
+        let [o13, o2, o13s, o2s] = &mut o;
+        let out = prepare::PrepareOutputs {
+            w13: if change == 2 { &mut long13 } else { o13 },
+            w2: o2,
+            w13_scale: Some(if change == 4 { &mut o13s[1..] } else { o13s }),
+            w2_scale: Some(o2s),
+            w13_bias: None,
+            w2_bias: None,
+        };
+        match prepare::prepare_host(&shapes, inp, out) {
+            Ok(()) => assert_eq!(want, "", "case {change} passed"),
+            Err(err) => assert_eq!(err.message, want, "case {change}"),
+        }
+    }
+}
+
+#[test]
 fn prepare_fp8_block128_and_per_tensor_scales() {
     let (e, h, i) = (2usize, 200usize, 128usize);
     let s13: Vec<f32> = (0..e * 2 * 2).map(|v| v as f32 + 1.0).collect();

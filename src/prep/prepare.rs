@@ -419,86 +419,55 @@ fn pair<'a, 'b>(
     }
 }
 
-/// Fill `out` from `inp` as planned by [`plan`].
+/// Fill `out` from `inp` as planned by [`plan`]: every buffer must have the length its
+/// [`steps`] step reads or writes.
 pub fn prepare_host(
     shapes: &PreparedShapes,
     inp: PrepareInputs<'_>,
     out: PrepareOutputs<'_>,
 ) -> Result<()> {
-    let l = &shapes.layout;
-    let spec = &shapes.spec;
-    let (e, h, i) = (l.num_experts, l.hidden_size, l.intermediate_size);
-    let es = shapes.weight_elem_size;
-    check_len("w13", "input", inp.w13.len(), numel(&spec.w13) * es)?;
-    check_len("w2", "input", inp.w2.len(), numel(&spec.w2) * es)?;
-    check_len("out_w13", "output", out.w13.len(), shapes.w13_bytes())?;
-    check_len("out_w2", "output", out.w2.len(), shapes.w2_bytes())?;
-    let s13 = pair(
-        "w13_scale",
-        inp.w13_scale,
-        out.w13_scale,
-        shapes.w13_scale.is_some(),
-    )?;
-    let s2 = pair(
-        "w2_scale",
-        inp.w2_scale,
-        out.w2_scale,
-        shapes.w2_scale.is_some(),
-    )?;
-    let b13 = pair(
-        "w13_bias",
-        inp.w13_bias,
-        out.w13_bias,
-        shapes.w13_bias.is_some(),
-    )?;
-    let b2 = pair(
-        "w2_bias",
-        inp.w2_bias,
-        out.w2_bias,
-        shapes.w2_bias.is_some(),
-    )?;
-    let ses = shapes.scale_kind.elem_size();
-    if let Some((s, d)) = &s13 {
-        check_len(
-            "w13_scale",
-            "input",
-            s.len(),
-            numel(spec.w13_scale.as_ref().unwrap()) * ses,
-        )?;
-        check_len("out_w13_scale", "output", d.len(), shapes.w13_scale_bytes())?;
-    }
-    if let Some((s, d)) = &s2 {
-        check_len(
-            "w2_scale",
-            "input",
-            s.len(),
-            numel(spec.w2_scale.as_ref().unwrap()) * ses,
-        )?;
-        check_len("out_w2_scale", "output", d.len(), shapes.w2_scale_bytes())?;
-    }
-    if let Some((s, d)) = &b13 {
-        check_len("w13_bias", "input", s.len(), e * 2 * i * 4)?;
-        check_len("out_w13_bias", "output", d.len(), shapes.w13_bias_bytes())?;
-    }
-    if let Some((s, d)) = &b2 {
-        check_len("w2_bias", "input", s.len(), e * h * 4)?;
-        check_len("out_w2_bias", "output", d.len(), shapes.w2_bias_bytes())?;
-    }
-
-    // One step per output (weights: pad + re-order + F1 (16, 16) in one pass).
+    let steps = steps(shapes);
+    let check = |part: Part, output: bool, got: usize| -> Result<()> {
+        let (_, step) = steps
+            .iter()
+            .find(|(p, _)| *p == part)
+            .ok_or_else(|| Error::internal(format!("prepare: no step for {part:?}")))?;
+        match output {
+            false => check_len(part.name(), "input", got, step.src_bytes()),
+            true => check_len(
+                &format!("out_{}", part.name()),
+                "output",
+                got,
+                step.dst_bytes,
+            ),
+        }
+    };
+    check(Part::W13, false, inp.w13.len())?;
+    check(Part::W2, false, inp.w2.len())?;
+    check(Part::W13, true, out.w13.len())?;
+    check(Part::W2, true, out.w2.len())?;
+    let present = |part: Part| steps.iter().any(|(p, _)| *p == part);
+    let given = |part: Part, src, dst| pair(part.name(), src, dst, present(part));
     let mut io = [
         Some((inp.w13, out.w13)),
         Some((inp.w2, out.w2)),
-        s13,
-        s2,
-        b13,
-        b2,
+        given(Part::W13Scale, inp.w13_scale, out.w13_scale)?,
+        given(Part::W2Scale, inp.w2_scale, out.w2_scale)?,
+        given(Part::W13Bias, inp.w13_bias, out.w13_bias)?,
+        given(Part::W2Bias, inp.w2_bias, out.w2_bias)?,
     ];
-    for (part, step) in steps(shapes) {
-        let (src, dst) = io[part as usize]
+    for (part, _) in &steps {
+        if let Some((s, d)) = &io[*part as usize] {
+            check(*part, false, s.len())?;
+            check(*part, true, d.len())?;
+        }
+    }
+    // One step per output (weights: pad + re-order + F1 (16, 16) in one pass).
+    for (part, step) in &steps {
+        let (src, dst) = io[*part as usize]
             .take()
             .ok_or_else(|| Error::internal(format!("prepare: no buffers for {part:?}")))?;
-        run_host(&step, src, dst);
+        run_host(step, src, dst);
     }
     Ok(())
 }
@@ -513,6 +482,20 @@ pub enum Part {
     W2Scale = 3,
     W13Bias = 4,
     W2Bias = 5,
+}
+
+impl Part {
+    /// The tensor's name in messages (`out_` + name for the output).
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::W13 => "w13",
+            Part::W2 => "w2",
+            Part::W13Scale => "w13_scale",
+            Part::W2Scale => "w2_scale",
+            Part::W13Bias => "w13_bias",
+            Part::W2Bias => "w2_bias",
+        }
+    }
 }
 
 /// The preparation as data: one [`Step`] per output, run by [`prepare_host`] and by the
