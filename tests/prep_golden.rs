@@ -6,8 +6,7 @@ mod common;
 
 use common::*;
 use moeplug::capi::types::*;
-use moeplug::prep::maps::interleave16_source_row;
-use moeplug::prep::prepare::w13_source_row;
+use moeplug::prep::maps::{interleave16_source_row, w13_source_row};
 use moeplug::quant;
 use moeplug::types::{GateMode, RoundMode};
 use serde_json::Value;

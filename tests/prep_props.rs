@@ -5,8 +5,8 @@ mod common;
 
 use common::*;
 use moeplug::capi::types::*;
-use moeplug::prep::maps::{f1_offset, f3_offset};
-use moeplug::prep::prepare::{self, w13_source_row, PrepareInputs, PrepareSpec};
+use moeplug::prep::maps::{f1_offset, f3_offset, w13_source_row};
+use moeplug::prep::prepare::{self, PrepareInputs, PrepareSpec};
 use moeplug::prep::shuffle::{
     plan_shuffle_weight, shuffle_weight, shuffled_offset, ShuffleWeightParams,
 };
@@ -158,6 +158,17 @@ fn cdna4_swizzle_is_per_expert_f3_with_32_row_alignment() {
     }
 }
 
+/// Source row of padded row `p` of one expert (None: a padding row), from the definition:
+/// with `gate_up` the gate half stays first and the up half starts at `n_out / 2`.
+fn padded_source_row(p: usize, n: usize, n_out: usize, gate_up: bool) -> Option<usize> {
+    if !gate_up {
+        return (p < n).then_some(p);
+    }
+    let (half, half_out) = (n / 2, n_out / 2);
+    let (up, j) = (p >= half_out, p % half_out);
+    (j < half).then_some(j + if up { half } else { 0 })
+}
+
 #[test]
 fn pad_then_slice_gives_the_input() {
     let mut rng = Rng(0x5eed_0004);
@@ -176,7 +187,7 @@ fn pad_then_slice_gives_the_input() {
         pad::pad_weights(&src, [e, n, k], &mut dst, [e, n2, k2], gate_up, &fill);
         for x in 0..e {
             for r in 0..n2 {
-                let src_row = pad::padded_source_row(r, n, n2, gate_up);
+                let src_row = padded_source_row(r, n, n2, gate_up);
                 for c in 0..k2 {
                     let d = ((x * n2 + r) * k2 + c) * es;
                     let got = &dst[d..d + es];
@@ -192,7 +203,7 @@ fn pad_then_slice_gives_the_input() {
         }
         if gate_up {
             // Up rows start at N'/2.
-            assert_eq!(pad::padded_source_row(n2 / 2, n, n2, true), Some(n / 2));
+            assert_eq!(padded_source_row(n2 / 2, n, n2, true), Some(n / 2));
         }
     }
 }
@@ -340,6 +351,78 @@ fn prepare_inverse_maps_for_every_gate_mode_and_format() {
                 &sc[(ip + j) * 4..(ip + j) * 4 + 4],
                 &s13[src_row * 4..src_row * 4 + 4]
             );
+        }
+    }
+}
+
+#[test]
+fn prepare_host_checks_its_buffers() {
+    // MXFP4, E=1, H=64, I=32: w13 [1, 64, 32] B, w2 [1, 64, 16] B, scales, no biases.
+    let (e, h, i) = (1usize, 64usize, 32usize);
+    let spec = PrepareSpec {
+        format: WeightFormat::Mxfp4,
+        gate_mode_in: GateMode::Separated,
+        hidden_align: 0,
+        intermediate_align: 0,
+        w13: vec![e, 2 * i, h / 2],
+        w2: vec![e, h, i / 2],
+        w13_scale: Some(vec![e, 2 * i, h / 32]),
+        w2_scale: Some(vec![e * h, i / 32]),
+        w13_bias: None,
+        w2_bias: None,
+    };
+    let shapes = prepare::plan(&spec).unwrap();
+    let (w13, w2) = (vec![1u8; e * 2 * i * h / 2], vec![2u8; e * h * i / 2]);
+    let (s13, s2) = (vec![3u8; e * 2 * i * h / 32], vec![4u8; e * h * i / 32]);
+    let bias = vec![0u8; 4 * e * h];
+    let inputs = PrepareInputs {
+        w13: &w13,
+        w2: &w2,
+        w13_scale: Some(&s13),
+        w2_scale: Some(&s2),
+        w13_bias: None,
+        w2_bias: None,
+    };
+    let mut o = [
+        vec![0u8; shapes.w13_bytes()],
+        vec![0u8; shapes.w2_bytes()],
+        vec![0u8; shapes.w13_scale_bytes()],
+        vec![0u8; shapes.w2_scale_bytes()],
+    ];
+    // (change, expected message); change: 0 none, 1 short w2, 2 long out_w13, 3 no w2_scale
+    // input, 4 short out_w13_scale, 5 an extra w2 bias, 6 long w13_scale.
+    let cases: [(usize, &str); 7] = [
+        (0, ""),
+        (1, "w2: expected 1024 bytes of input, got 1023"),
+        (2, "out_w13: expected 65536 bytes of output, got 65537"),
+        (3, "w2_scale: input required"),
+        (4, "out_w13_scale: expected 4096 bytes of output, got 4095"),
+        (5, "w2_bias: given, but the plan has no such tensor"),
+        (6, "w13_scale: expected 128 bytes of input, got 129"),
+    ];
+    for (change, want) in cases {
+        let mut inp = inputs;
+        let long13s = vec![3u8; s13.len() + 1];
+        match change {
+            1 => inp.w2 = &w2[1..],
+            3 => inp.w2_scale = None,
+            5 => inp.w2_bias = Some(&bias),
+            6 => inp.w13_scale = Some(&long13s),
+            _ => {}
+        }
+        let mut long13 = vec![0u8; o[0].len() + 1];
+        let [o13, o2, o13s, o2s] = &mut o;
+        let out = prepare::PrepareOutputs {
+            w13: if change == 2 { &mut long13 } else { o13 },
+            w2: o2,
+            w13_scale: Some(if change == 4 { &mut o13s[1..] } else { o13s }),
+            w2_scale: Some(o2s),
+            w13_bias: None,
+            w2_bias: None,
+        };
+        match prepare::prepare_host(&shapes, inp, out) {
+            Ok(()) => assert_eq!(want, "", "case {change} passed"),
+            Err(err) => assert_eq!(err.message, want, "case {change}"),
         }
     }
 }

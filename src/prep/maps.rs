@@ -2,6 +2,8 @@
 //! offset. Writers (shuffles) and readers (the CPU kernels) both use these, so the two can
 //! never disagree.
 
+use crate::types::GateMode;
+
 /// F1, canonical form (LAYOUTS.md §2.1): `[N, K]` storage elements cut into tiles of `bn`
 /// rows × `pack` elements (16 bytes; 32 int8 values with use_int4), tiles ordered row-block
 /// major then column chunk, each tile row-major. Returns the storage offset of (n, k).
@@ -39,6 +41,17 @@ pub fn interleave16_source_row(p: usize, half: usize, block: usize) -> usize {
     let (pair, within) = (p / (2 * block), p % (2 * block));
     let g = within / block;
     g * half + pair * block + within % block
+}
+
+/// Physical row of a checkpoint gate/up matrix (`[2·inter, K]` in gate mode `mode`) that
+/// holds row `j` of half `g` (0 gate, 1 up).
+#[inline]
+pub fn w13_source_row(mode: GateMode, g: usize, j: usize, inter: usize) -> usize {
+    match mode {
+        GateMode::Separated => g * inter + j,
+        GateMode::Interleave => (j / 16) * 32 + g * 16 + j % 16,
+        GateMode::InterleaveRows => 2 * j + g,
+    }
 }
 
 #[cfg(test)]

@@ -6,13 +6,13 @@
 //! (`e8m0_shuffle`, 2-D `[⌈E·N/256⌉·256, ⌈K/32/8⌉·8]`), fp32 scales and biases plain.
 //! Every padded element (weights, scales, biases) is zero; F3 padding bytes are 0x00.
 //!
-//! [`plan`] checks shapes and returns the output shapes and the layout record; [`prepare_host`]
-//! fills caller buffers. Both are pure functions over host byte slices (fp32 as native
-//! little-endian bytes), usable from Rust tests as well as from the C surface.
+//! [`plan`] checks shapes and returns the output shapes and the layout record; [`steps`]
+//! describes each output as one [`Step`], which [`prepare_host`] runs over caller buffers
+//! and the GPU backend on the device. All are pure functions over host byte slices (fp32 as
+//! native little-endian bytes), usable from Rust tests as well as from the C surface.
 
-use super::rows::{f3_shuffle, tile_transpose, write_rows};
 use super::scale::{f3_shape, F3_PAD};
-use super::steps::{RowMap, Step, Writer};
+use super::steps::{run_host, RowMap, Step, Writer};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::tensor::format_shape;
@@ -370,57 +370,6 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
     })
 }
 
-/// Physical row of the checkpoint `w13` that holds row `j` of half `g` (0 gate, 1 up), for
-/// `inter` rows per half.
-#[inline]
-pub fn w13_source_row(mode: GateMode, g: usize, j: usize, inter: usize) -> usize {
-    match mode {
-        GateMode::Separated => g * inter + j,
-        GateMode::Interleave => (j / 16) * 32 + g * 16 + j % 16,
-        GateMode::InterleaveRows => 2 * j + g,
-    }
-}
-
-/// Row source for a gate/up tensor of `e` experts with `inter` rows per half, padded to
-/// `inter_pad` per half and re-ordered from `mode` to SEPARATED. Physical output rows beyond
-/// `e · 2 · inter_pad` (F3 row padding) are `None` too.
-fn gate_up_rows<'a>(
-    src: &'a [u8],
-    row_bytes: usize,
-    e: usize,
-    inter: usize,
-    inter_pad: usize,
-    mode: GateMode,
-) -> impl Fn(usize) -> Option<&'a [u8]> + Sync + 'a {
-    move |p: usize| {
-        let (x, q) = (p / (2 * inter_pad), p % (2 * inter_pad));
-        let (g, j) = (q / inter_pad, q % inter_pad);
-        if x >= e || j >= inter {
-            return None;
-        }
-        let start = (x * 2 * inter + w13_source_row(mode, g, j, inter)) * row_bytes;
-        Some(&src[start..start + row_bytes])
-    }
-}
-
-/// Row source for a tensor of `e` experts with `n` rows each, padded to `n_pad` rows.
-fn padded_rows<'a>(
-    src: &'a [u8],
-    row_bytes: usize,
-    e: usize,
-    n: usize,
-    n_pad: usize,
-) -> impl Fn(usize) -> Option<&'a [u8]> + Sync + 'a {
-    move |p: usize| {
-        let (x, q) = (p / n_pad, p % n_pad);
-        if x >= e || q >= n {
-            return None;
-        }
-        let start = (x * n + q) * row_bytes;
-        Some(&src[start..start + row_bytes])
-    }
-}
-
 /// Host buffers of a preparation's inputs (raw bytes, fp32 little-endian).
 #[derive(Debug, Clone, Copy)]
 pub struct PrepareInputs<'a> {
@@ -470,158 +419,87 @@ fn pair<'a, 'b>(
     }
 }
 
-/// Fill `out` from `inp` as planned by [`plan`].
+/// Fill `out` from `inp` as planned by [`plan`]: every buffer must have the length its
+/// [`steps`] step reads or writes.
 pub fn prepare_host(
     shapes: &PreparedShapes,
     inp: PrepareInputs<'_>,
     out: PrepareOutputs<'_>,
 ) -> Result<()> {
-    let l = &shapes.layout;
-    let spec = &shapes.spec;
-    let (e, h, i, h_pad, i_pad) = (
-        l.num_experts,
-        l.hidden_size,
-        l.intermediate_size,
-        l.hidden_padded,
-        l.intermediate_padded,
-    );
-    let es = shapes.weight_elem_size;
-    let vpe = values_per_elem(l.weight_format);
-    let mode = spec.gate_mode_in;
-
-    check_len("w13", "input", inp.w13.len(), numel(&spec.w13) * es)?;
-    check_len("w2", "input", inp.w2.len(), numel(&spec.w2) * es)?;
-    check_len("out_w13", "output", out.w13.len(), shapes.w13_bytes())?;
-    check_len("out_w2", "output", out.w2.len(), shapes.w2_bytes())?;
-    let s13 = pair(
-        "w13_scale",
-        inp.w13_scale,
-        out.w13_scale,
-        shapes.w13_scale.is_some(),
-    )?;
-    let s2 = pair(
-        "w2_scale",
-        inp.w2_scale,
-        out.w2_scale,
-        shapes.w2_scale.is_some(),
-    )?;
-    let b13 = pair(
-        "w13_bias",
-        inp.w13_bias,
-        out.w13_bias,
-        shapes.w13_bias.is_some(),
-    )?;
-    let b2 = pair(
-        "w2_bias",
-        inp.w2_bias,
-        out.w2_bias,
-        shapes.w2_bias.is_some(),
-    )?;
-    let ses = shapes.scale_kind.elem_size();
-    if let Some((s, d)) = &s13 {
-        check_len(
-            "w13_scale",
-            "input",
-            s.len(),
-            numel(spec.w13_scale.as_ref().unwrap()) * ses,
-        )?;
-        check_len("out_w13_scale", "output", d.len(), shapes.w13_scale_bytes())?;
-    }
-    if let Some((s, d)) = &s2 {
-        check_len(
-            "w2_scale",
-            "input",
-            s.len(),
-            numel(spec.w2_scale.as_ref().unwrap()) * ses,
-        )?;
-        check_len("out_w2_scale", "output", d.len(), shapes.w2_scale_bytes())?;
-    }
-    if let Some((s, d)) = &b13 {
-        check_len("w13_bias", "input", s.len(), e * 2 * i * 4)?;
-        check_len("out_w13_bias", "output", d.len(), shapes.w13_bias_bytes())?;
-    }
-    if let Some((s, d)) = &b2 {
-        check_len("w2_bias", "input", s.len(), e * h * 4)?;
-        check_len("out_w2_bias", "output", d.len(), shapes.w2_bias_bytes())?;
-    }
-
-    // Weights: pad + re-order + F1 (16, 16) in one pass.
-    let rows13 = gate_up_rows(inp.w13, h / vpe * es, e, i, i_pad, mode);
-    tile_transpose(out.w13, h_pad / vpe * es, 16, 16, &rows13);
-    let rows2 = padded_rows(inp.w2, i / vpe * es, e, h, h_pad);
-    tile_transpose(out.w2, i_pad / vpe * es, 16, 16, &rows2);
-
-    // Scales.
-    match shapes.scale_kind {
-        ScaleKind::None => {}
-        ScaleKind::Mx => {
-            let (s, d) = s13.unwrap();
-            let rows = gate_up_rows(s, h / 32, e, i, i_pad, mode);
-            f3_shuffle(
-                d,
-                shapes.w13_scale.as_ref().unwrap()[1],
-                &rows,
-                F3_PAD,
-                F3_PAD,
-            );
-            let (s, d) = s2.unwrap();
-            let rows = padded_rows(s, i / 32, e, h, h_pad);
-            f3_shuffle(
-                d,
-                shapes.w2_scale.as_ref().unwrap()[1],
-                &rows,
-                F3_PAD,
-                F3_PAD,
-            );
+    let steps = steps(shapes);
+    let check = |part: Part, output: bool, got: usize| -> Result<()> {
+        let (_, step) = steps
+            .iter()
+            .find(|(p, _)| *p == part)
+            .ok_or_else(|| Error::internal(format!("prepare: no step for {part:?}")))?;
+        match output {
+            false => check_len(part.name(), "input", got, step.src_bytes()),
+            true => check_len(
+                &format!("out_{}", part.name()),
+                "output",
+                got,
+                step.dst_bytes,
+            ),
         }
-        ScaleKind::PerTensor => {
-            let (s, d) = s13.unwrap();
-            d.copy_from_slice(s);
-            let (s, d) = s2.unwrap();
-            d.copy_from_slice(s);
-        }
-        ScaleKind::PerChannel => {
-            let (s, d) = s13.unwrap();
-            write_rows(d, 4, &gate_up_rows(s, 4, e, i, i_pad, mode), &[0; 4]);
-            let (s, d) = s2.unwrap();
-            write_rows(d, 4, &padded_rows(s, 4, e, h, h_pad), &[0; 4]);
-        }
-        ScaleKind::Block128 => {
-            // Rows are 128-row blocks; gate_mode_in is SEPARATED (checked by plan).
-            let (cols_in, cols_out) = (h.div_ceil(128) * 4, h_pad / 128 * 4);
-            let (s, d) = s13.unwrap();
-            let rows = gate_up_rows(s, cols_in, e, i / 128, i_pad / 128, GateMode::Separated);
-            write_rows(d, cols_out, &rows, &[0; 4]);
-            let (cols_in, cols_out) = (i / 128 * 4, i_pad / 128 * 4);
-            let (s, d) = s2.unwrap();
-            let rows = padded_rows(s, cols_in, e, h.div_ceil(128), h_pad / 128);
-            write_rows(d, cols_out, &rows, &[0; 4]);
+    };
+    check(Part::W13, false, inp.w13.len())?;
+    check(Part::W2, false, inp.w2.len())?;
+    check(Part::W13, true, out.w13.len())?;
+    check(Part::W2, true, out.w2.len())?;
+    let present = |part: Part| steps.iter().any(|(p, _)| *p == part);
+    let given = |part: Part, src, dst| pair(part.name(), src, dst, present(part));
+    let mut io = [
+        Some((inp.w13, out.w13)),
+        Some((inp.w2, out.w2)),
+        given(Part::W13Scale, inp.w13_scale, out.w13_scale)?,
+        given(Part::W2Scale, inp.w2_scale, out.w2_scale)?,
+        given(Part::W13Bias, inp.w13_bias, out.w13_bias)?,
+        given(Part::W2Bias, inp.w2_bias, out.w2_bias)?,
+    ];
+    for (part, _) in &steps {
+        if let Some((s, d)) = &io[*part as usize] {
+            check(*part, false, s.len())?;
+            check(*part, true, d.len())?;
         }
     }
-
-    // Biases: re-ordered like the rows they belong to.
-    if let Some((s, d)) = b13 {
-        write_rows(d, 4, &gate_up_rows(s, 4, e, i, i_pad, mode), &[0; 4]);
-    }
-    if let Some((s, d)) = b2 {
-        write_rows(d, h_pad * 4, &padded_rows(s, h * 4, e, 1, 1), &[0; 4]);
+    // One step per output (weights: pad + re-order + F1 (16, 16) in one pass).
+    for (part, step) in &steps {
+        let (src, dst) = io[*part as usize]
+            .take()
+            .ok_or_else(|| Error::internal(format!("prepare: no buffers for {part:?}")))?;
+        run_host(step, src, dst);
     }
     Ok(())
 }
 
-/// Which input/output pair a preparation [`Step`] reads and writes.
+/// Which input/output pair a preparation [`Step`] reads and writes (the value indexes the
+/// six tensors in this order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Part {
-    W13,
-    W2,
-    W13Scale,
-    W2Scale,
-    W13Bias,
-    W2Bias,
+    W13 = 0,
+    W2 = 1,
+    W13Scale = 2,
+    W2Scale = 3,
+    W13Bias = 4,
+    W2Bias = 5,
 }
 
-/// [`prepare_host`] as data: one [`Step`] per output (what the device runs; the unit tests
-/// check it against [`prepare_host`] byte for byte). Absent tensors have no step.
+impl Part {
+    /// The tensor's name in messages (`out_` + name for the output).
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::W13 => "w13",
+            Part::W2 => "w2",
+            Part::W13Scale => "w13_scale",
+            Part::W2Scale => "w2_scale",
+            Part::W13Bias => "w13_bias",
+            Part::W2Bias => "w2_bias",
+        }
+    }
+}
+
+/// The preparation as data: one [`Step`] per output, run by [`prepare_host`] and by the
+/// device. Absent tensors have no step.
 pub fn steps(shapes: &PreparedShapes) -> Vec<(Part, Step)> {
     let l = &shapes.layout;
     let (e, h, i, h_pad, i_pad) = (
@@ -688,15 +566,7 @@ pub fn steps(shapes: &PreparedShapes) -> Vec<(Part, Step)> {
                 },
             ))
         }
-        ScaleKind::PerTensor => {
-            let copy = |bytes: usize| Step {
-                writer: Writer::rows(bytes.max(1), &[0; 4]),
-                map: RowMap::plain(1, 1, 1, 1),
-                src_row_bytes: bytes,
-                dst_bytes: bytes,
-            };
-            Some((copy(d13), copy(d2)))
-        }
+        ScaleKind::PerTensor => Some((Step::copy(d13), Step::copy(d2))),
         ScaleKind::PerChannel => Some((
             Step {
                 writer: zeros,

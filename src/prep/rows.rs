@@ -1,4 +1,4 @@
-//! The two writers every preparation step is built from. Both read the source through a
+//! The three writers every preparation step is built from. All read the source through a
 //! "row source": physical output row `p` → the bytes of the source row that lands there
 //! (`None` = a padding row). A source row shorter than the output row is padded. This way
 //! re-ordering gate/up rows and padding happen while writing the layout, in one pass.

@@ -2,11 +2,10 @@
 //!
 //! Padding bytes: F3 pads rows to 256 and columns to 8 where AITER leaves `torch.empty`
 //! garbage; moeplug writes 0x00 there (deterministic; e8m0 0x00 = 2^-127). F4 pads columns
-//! with 0x7F (e8m0 1.0) exactly as AITER does, and has no row padding.
+//! with 0x7F (e8m0 1.0) exactly as AITER does, and has no row padding. Each shuffle is one
+//! [`Step`] ([`f3_step`], [`gui_step`]).
 
-use super::maps::interleave16_source_row;
-use super::rows::f3_shuffle;
-use super::steps::{RowMap, Step, Writer};
+use super::steps::{run_host, RowMap, Step, Writer};
 use crate::error::Result;
 
 /// Byte written into F3's padding rows and columns.
@@ -21,11 +20,7 @@ pub fn f3_shape(m: usize, n: usize) -> [usize; 2] {
 
 /// F3: `src` `[m, n]` bytes → `dst` of [`f3_shape`].
 pub fn shuffle_scale(src: &[u8], m: usize, n: usize, dst: &mut [u8]) {
-    let [sm, sn] = f3_shape(m, n);
-    assert_eq!(src.len(), m * n);
-    assert_eq!(dst.len(), sm * sn);
-    let rows = |p: usize| (p < m).then(|| &src[p * n..(p + 1) * n]);
-    f3_shuffle(dst, sn, &rows, F3_PAD, F3_PAD);
+    run_host(&f3_step(m, n), src, dst);
 }
 
 /// Check the F4 (`is_guinterleave`) arguments and return the output shape `[m, ⌈n/8⌉·8]`.
@@ -68,21 +63,7 @@ pub fn shuffle_scale_gui(
     gate_up: bool,
     dst: &mut [u8],
 ) {
-    let per_expert = m / num_experts;
-    let sn = n.div_ceil(8) * 8;
-    assert_eq!(src.len(), m * n);
-    assert_eq!(dst.len(), m * sn);
-    let rows = |p: usize| {
-        let (e, q) = (p / per_expert, p % per_expert);
-        let r = if gate_up {
-            interleave16_source_row(q, per_expert / 2, 16)
-        } else {
-            q
-        };
-        let start = (e * per_expert + r) * n;
-        Some(&src[start..start + n])
-    };
-    f3_shuffle(dst, sn, &rows, F4_PAD, F4_PAD);
+    run_host(&gui_step(m, n, num_experts, gate_up), src, dst);
 }
 
 /// [`shuffle_scale`] as a [`Step`].

@@ -2,11 +2,10 @@
 //!
 //! Shapes are in storage elements (bytes for fp4x2). Both paths are a tile transpose; they
 //! differ in the tile width (F1: 16 bytes or 32 int8 with use_int4; F2: `layout_k` elements)
-//! and in F2's optional 16-row gate/up interleave.
+//! and in F2's optional 16-row gate/up interleave. The shuffle is one [`Step`] ([`step`]).
 
-use super::maps::{f1_pack, interleave16_source_row};
-use super::rows::tile_transpose;
-use super::steps::{RowMap, Step, Writer};
+use super::maps::f1_pack;
+use super::steps::{run_host, RowMap, Step, Writer};
 use crate::error::{Error, Result};
 use crate::tensor::format_shape;
 
@@ -232,26 +231,11 @@ pub fn shuffle_weight(plan: &WeightShufflePlan, src: &[u8], dst: &mut [u8]) -> R
             plan.out_bytes()
         )));
     }
-    let row_in = plan.k_in * plan.elem_size;
-    let row_out = plan.k_out * plan.elem_size;
-    let (n, half, block) = (plan.n, plan.n / 2, plan.tile_rows);
-    let gate_up = plan.interleave_gate_up;
-    let rows = move |p: usize| {
-        let (b, r) = (p / n, p % n);
-        let r = if gate_up {
-            interleave16_source_row(r, half, block)
-        } else {
-            r
-        };
-        let start = (b * n + r) * row_in;
-        Some(&src[start..start + row_in])
-    };
-    tile_transpose(dst, row_out, plan.tile_rows, plan.pack_bytes, &rows);
+    run_host(&step(plan), src, dst);
     Ok(())
 }
 
-/// The planned shuffle as a [`Step`] (what the device runs; byte-identical to
-/// [`shuffle_weight`]).
+/// The planned shuffle as a [`Step`] (what [`shuffle_weight`] and the device run).
 pub fn step(plan: &WeightShufflePlan) -> Step {
     let map = if plan.interleave_gate_up {
         RowMap::interleave16_out(plan.batch, plan.n, plan.tile_rows)

@@ -1,11 +1,12 @@
 //! Preparation as data: every prep call is one or more [`Step`]s, each "write this output
 //! with one of the three writers of [`super::rows`], reading source rows through this
-//! [`RowMap`]". The host runs a step with the writers of `rows` ([`run_host`]); the GPU
-//! backend (`backend::gpu::prep`) ships the same plain-data step to a kernel that computes
-//! the same map per output byte. Unit tests here pin every step builder to the host function
-//! it describes, byte for byte, so the device only has to execute steps faithfully.
+//! [`RowMap`]". This is the only description of the prep layouts: the host runs a step with
+//! the writers of `rows` ([`run_host`]; `shuffle`, `scale`, `pad`, `swizzle` and `prepare`
+//! only build steps and call it), the GPU backend (`backend::gpu::prep`) ships the same
+//! plain-data step to a kernel that computes the same map per output byte. The unit tests
+//! here check the host writers against that per-byte reading of a step.
 
-use super::maps::interleave16_source_row;
+use super::maps::{interleave16_source_row, w13_source_row};
 use super::rows::{f3_shuffle, tile_transpose, write_rows};
 use crate::types::GateMode;
 
@@ -89,7 +90,9 @@ impl RowMap {
     #[inline]
     pub fn source_row(&self, p: usize) -> Option<usize> {
         let gr = self.group_rows as usize;
-        let (x, q) = (p / gr, p % gr);
+        // Skips the division for the first group (all rows of a one-group map such as a plain
+        // F3 shuffle, where it was measurable with short rows).
+        let (x, q) = if p < gr { (0, p) } else { (p / gr, p % gr) };
         if x >= self.groups as usize {
             return None;
         }
@@ -108,11 +111,12 @@ impl RowMap {
                 if j >= half_in {
                     return None;
                 }
-                match m {
-                    Self::HALVES_SEPARATED => g * half_in + j,
-                    Self::HALVES_INTERLEAVE => (j / 16) * 32 + g * 16 + j % 16,
-                    _ => 2 * j + g,
-                }
+                let mode = match m {
+                    Self::HALVES_SEPARATED => GateMode::Separated,
+                    Self::HALVES_INTERLEAVE => GateMode::Interleave,
+                    _ => GateMode::InterleaveRows,
+                };
+                w13_source_row(mode, g, j, half_in)
             }
         };
         Some(x * self.src_group_rows as usize + r)
@@ -173,10 +177,16 @@ impl Step {
             dst_bytes: bytes,
         }
     }
+
+    /// Bytes of source the step reads: every row of every group the map names.
+    pub fn src_bytes(&self) -> usize {
+        (self.map.groups * self.map.src_group_rows) as usize * self.src_row_bytes
+    }
 }
 
-/// Run a step over host bytes (`src` must hold every row the map names).
+/// Run a step over host bytes: `src` holds [`Step::src_bytes`], `dst` `step.dst_bytes`.
 pub fn run_host(step: &Step, src: &[u8], dst: &mut [u8]) {
+    assert_eq!(src.len(), step.src_bytes(), "step input length");
     assert_eq!(dst.len(), step.dst_bytes, "step output length");
     if dst.is_empty() {
         return;
@@ -246,14 +256,77 @@ mod tests {
         }
     }
 
-    fn run(step: &Step, src: &[u8]) -> Vec<u8> {
-        let mut d = vec![0xAB; step.dst_bytes];
-        run_host(step, src, &mut d);
-        d
+    /// `step` read byte by byte, the way the device kernels read it: every output position
+    /// of the writer's layout (through the index maps of `maps`) → its source byte or padding.
+    /// Each output byte must be named exactly once.
+    fn per_byte(step: &Step, src: &[u8]) -> Vec<u8> {
+        use crate::prep::maps::{f1_offset, f3_offset};
+        type Offset = Box<dyn Fn(usize, usize) -> usize>;
+        // Per writer: bytes per output row, where (row, column) goes, and the padding byte
+        // of a column past the source row (`true`) or of a padding row (`false`).
+        let (cols, offset, pad): (usize, Offset, Box<dyn Fn(usize, bool) -> u8>) = match step.writer
+        {
+            Writer::Rows {
+                row_bytes,
+                fill,
+                fill_len,
+            } => (
+                row_bytes,
+                Box::new(move |p, c| p * row_bytes + c),
+                Box::new(move |c, _| fill[c % fill_len]),
+            ),
+            Writer::Tile {
+                row_bytes,
+                tile_rows,
+                pack,
+            } => (
+                row_bytes,
+                Box::new(move |p, c| f1_offset(p, c, row_bytes, tile_rows, pack)),
+                Box::new(|_, _| 0),
+            ),
+            Writer::F3 {
+                sn,
+                col_pad,
+                row_pad,
+            } => (
+                sn,
+                Box::new(move |p, c| f3_offset(p, c, sn)),
+                Box::new(move |_, in_row| if in_row { col_pad } else { row_pad }),
+            ),
+        };
+        let mut d: Vec<Option<u8>> = vec![None; step.dst_bytes];
+        let srb = step.src_row_bytes;
+        for p in 0..step.dst_bytes.checked_div(cols).unwrap_or(0) {
+            let row = step.map.source_row(p);
+            for c in 0..cols {
+                let v = match row {
+                    Some(r) if c < srb => src[r * srb + c],
+                    Some(_) => pad(c, true),
+                    None => pad(c, false),
+                };
+                let o = offset(p, c);
+                assert!(d[o].is_none(), "output byte {o} written twice");
+                d[o] = Some(v);
+            }
+        }
+        d.into_iter()
+            .enumerate()
+            .map(|(o, v)| v.unwrap_or_else(|| panic!("output byte {o} not written")))
+            .collect()
+    }
+
+    /// [`run_host`] (the fast writers) equals [`per_byte`], whatever `dst` held before.
+    fn check(step: &Step, src: &[u8], what: &str) {
+        let want = per_byte(step, src);
+        for init in [0x00, 0xFF] {
+            let mut d = vec![init; step.dst_bytes];
+            run_host(step, src, &mut d);
+            assert!(d == want, "{what}: {step:?}");
+        }
     }
 
     #[test]
-    fn shuffle_weight_step_is_the_host_shuffle() {
+    fn shuffle_weight_steps_run_as_read() {
         use crate::prep::shuffle::*;
         let mut g = Lcg(1);
         let mut ran = 0;
@@ -292,48 +365,35 @@ mod tests {
                 continue;
             };
             let src = g.bytes(plan.in_bytes());
-            let mut want = vec![0xAB; plan.out_bytes()];
-            shuffle_weight(&plan, &src, &mut want).unwrap();
-            assert_eq!(run(&step(&plan), &src), want, "{p:?} {shape:?}");
+            check(&step(&plan), &src, &format!("{p:?} {shape:?}"));
             ran += 1;
         }
         assert!(ran > 100, "only {ran} shuffles were valid");
     }
 
     #[test]
-    fn scale_steps_are_the_host_shuffles() {
+    fn scale_steps_run_as_read() {
         use crate::prep::{scale, swizzle};
         let mut g = Lcg(2);
         for _ in 0..100 {
             let (m, n) = (1 + g.below(600), 1 + g.below(40));
-            let src = g.bytes(m * n);
-            let [sm, sn] = scale::f3_shape(m, n);
-            let mut want = vec![0xAB; sm * sn];
-            scale::shuffle_scale(&src, m, n, &mut want);
-            assert_eq!(run(&scale::f3_step(m, n), &src), want, "f3 {m}x{n}");
+            check(&scale::f3_step(m, n), &g.bytes(m * n), "f3");
 
             let ne = 1 + g.below(4);
             let per = 32 * (1 + g.below(3));
             let gate_up = g.below(2) == 0;
             let m = ne * per;
-            let src = g.bytes(m * n);
-            let mut want = vec![0xAB; m * sn];
-            scale::shuffle_scale_gui(&src, m, n, ne, gate_up, &mut want);
             let step = scale::gui_step(m, n, ne, gate_up);
-            assert_eq!(run(&step, &src), want, "f4 {ne}x{per}x{n} {gate_up}");
+            check(&step, &g.bytes(m * n), "f4");
 
             let (e, nn, ks) = (1 + g.below(3), 1 + g.below(100), 1 + g.below(20));
-            let src = g.bytes(e * nn * ks);
-            let [_, a, b] = swizzle::cdna4_shape(e, nn, ks);
-            let mut want = vec![0xAB; e * a * b];
-            swizzle::swizzle_cdna4(&src, e, nn, ks, &mut want);
             let step = swizzle::cdna4_step(e, nn, ks);
-            assert_eq!(run(&step, &src), want, "cdna4 {e}x{nn}x{ks}");
+            check(&step, &g.bytes(e * nn * ks), "cdna4");
         }
     }
 
     #[test]
-    fn pad_step_is_the_host_pad() {
+    fn pad_and_copy_steps_run_as_read() {
         use crate::prep::pad;
         let mut g = Lcg(3);
         for _ in 0..200 {
@@ -347,16 +407,16 @@ mod tests {
             } else {
                 g.bytes(es)
             };
-            let src = g.bytes(e * n * k * es);
-            let mut want = vec![0xAB; e * n2 * k2 * es];
-            pad::pad_weights(&src, [e, n, k], &mut want, [e, n2, k2], gate_up, &fill);
             let step = pad::step([e, n, k], [e, n2, k2], gate_up, &fill);
-            assert_eq!(run(&step, &src), want, "{e}x{n}x{k} -> {n2}x{k2}");
+            check(&step, &g.bytes(e * n * k * es), "pad");
+        }
+        for bytes in [0, 1, 4, 100] {
+            check(&Step::copy(bytes), &g.bytes(bytes), "copy");
         }
     }
 
     #[test]
-    fn prepare_steps_are_prepare_host() {
+    fn prepare_steps_run_as_read() {
         use crate::prep::prepare::*;
         use crate::types::WeightFormat as F;
         let mut g = Lcg(4);
@@ -386,8 +446,7 @@ mod tests {
             let h = unit * (1 + g.below(3));
             let i = unit * (1 + g.below(3));
             let vpe = if format == F::Mxfp4 { 2 } else { 1 };
-            let kind = ScaleKind::of(format);
-            let (s13, s2) = match kind {
+            let (s13, s2) = match ScaleKind::of(format) {
                 ScaleKind::None => (None, None),
                 ScaleKind::Mx => (Some(vec![e, 2 * i, h / 32]), Some(vec![e * h, i / 32])),
                 ScaleKind::PerTensor => (Some(vec![e]), Some(vec![e, 1])),
@@ -410,35 +469,22 @@ mod tests {
                 w13_bias: bias.then(|| vec![e, 2 * i]),
                 w2_bias: bias.then(|| vec![e, h]),
             };
-            let es = weight_elem_size(format);
-            let ses = kind.elem_size();
+            let shapes = plan(&spec).unwrap();
+            let (es, ses) = (weight_elem_size(format), ScaleKind::of(format).elem_size());
             let numel = |s: &Option<Vec<usize>>| s.as_ref().map_or(0, |s| s.iter().product());
-            let w13 = g.bytes(e * 2 * i * h / vpe * es);
-            let w2 = g.bytes(e * h * i / vpe * es);
-            let sc13 = g.bytes(numel(&s13) * ses);
-            let sc2 = g.bytes(numel(&s2) * ses);
-            let b13 = g.bytes(e * 2 * i * 4);
-            let b2 = g.bytes(e * h * 4);
-            let has = s13.is_some();
-            let inp = PrepareInputs {
-                w13: &w13,
-                w2: &w2,
-                w13_scale: has.then_some(&sc13[..]),
-                w2_scale: has.then_some(&sc2[..]),
-                w13_bias: bias.then_some(&b13[..]),
-                w2_bias: bias.then_some(&b2[..]),
-            };
-            let (shapes, want) = prepare_vecs(&spec, inp).unwrap();
             for (part, step) in steps(&shapes) {
-                let (src, want): (&[u8], &Vec<u8>) = match part {
-                    Part::W13 => (&w13, &want.w13),
-                    Part::W2 => (&w2, &want.w2),
-                    Part::W13Scale => (&sc13, want.w13_scale.as_ref().unwrap()),
-                    Part::W2Scale => (&sc2, want.w2_scale.as_ref().unwrap()),
-                    Part::W13Bias => (&b13, want.w13_bias.as_ref().unwrap()),
-                    Part::W2Bias => (&b2, want.w2_bias.as_ref().unwrap()),
+                // Each step reads exactly its checkpoint tensor.
+                let src_bytes = match part {
+                    Part::W13 => e * 2 * i * h / vpe * es,
+                    Part::W2 => e * h * i / vpe * es,
+                    Part::W13Scale => numel(&s13) * ses,
+                    Part::W2Scale => numel(&s2) * ses,
+                    Part::W13Bias => e * 2 * i * 4,
+                    Part::W2Bias => e * h * 4,
                 };
-                assert_eq!(&run(&step, src), want, "{format:?} {mode:?} {part:?}");
+                assert_eq!(step.src_bytes(), src_bytes, "{format:?} {part:?}");
+                let what = format!("{format:?} {mode:?} {part:?}");
+                check(&step, &g.bytes(src_bytes), &what);
             }
         }
     }

@@ -4,8 +4,7 @@
 //! stored as `[E, ⌈N/32⌉, ⌈(K/32)/8⌉·8·32]`, which per expert is exactly F3 with rows padded
 //! to 32 (not 256) and zero padding.
 
-use super::rows::f3_shuffle;
-use super::steps::{RowMap, Step, Writer};
+use super::steps::{run_host, RowMap, Step, Writer};
 
 /// Output shape of the CDNA4 swizzle of a `[e, n, ks]` scale.
 pub fn cdna4_shape(e: usize, n: usize, ks: usize) -> [usize; 3] {
@@ -14,15 +13,7 @@ pub fn cdna4_shape(e: usize, n: usize, ks: usize) -> [usize; 3] {
 
 /// F5: `src` `[e, n, ks]` bytes → `dst` of [`cdna4_shape`].
 pub fn swizzle_cdna4(src: &[u8], e: usize, n: usize, ks: usize, dst: &mut [u8]) {
-    let n32 = n.div_ceil(32) * 32;
-    let sn = ks.div_ceil(8) * 8;
-    assert_eq!(src.len(), e * n * ks);
-    assert_eq!(dst.len(), e * n32 * sn);
-    let rows = |p: usize| {
-        let (x, q) = (p / n32, p % n32);
-        (q < n).then(|| &src[(x * n + q) * ks..(x * n + q + 1) * ks])
-    };
-    f3_shuffle(dst, sn, &rows, 0, 0);
+    run_host(&cdna4_step(e, n, ks), src, dst);
 }
 
 /// [`swizzle_cdna4`] as a [`Step`].
