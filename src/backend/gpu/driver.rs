@@ -288,6 +288,29 @@ fn hip_driver(vendor: Vendor, rtc: Rtc) -> Result<Api> {
 }
 
 impl Api {
+    /// Load a compiled code object (cubin / hsaco). The module is never unloaded: kernels
+    /// are cached per device for the life of the process.
+    pub fn load_module(&self, binary: &[u8], what: &str) -> Result<Handle> {
+        let mut module: Handle = std::ptr::null_mut();
+        // SAFETY: `binary` is a complete code object produced by the run-time compiler.
+        let code =
+            unsafe { (self.cuModuleLoadData)(&mut module, binary.as_ptr() as *const c_void) };
+        self.check(code, &format!("cuModuleLoadData({what})"))?;
+        Ok(module)
+    }
+
+    /// The kernel `name` of a loaded module.
+    pub fn function(&self, module: Handle, name: &CStr) -> Result<Handle> {
+        let mut f: Handle = std::ptr::null_mut();
+        // SAFETY: `module` came from `load_module`; `name` is NUL-terminated.
+        let code = unsafe { (self.cuModuleGetFunction)(&mut f, module, name.as_ptr()) };
+        self.check(
+            code,
+            &format!("cuModuleGetFunction({})", name.to_string_lossy()),
+        )?;
+        Ok(f)
+    }
+
     /// "CUDA_ERROR_INVALID_VALUE (1)" for a driver result code.
     pub fn error_name(&self, code: c_int) -> String {
         let mut p: *const c_char = std::ptr::null();

@@ -223,23 +223,8 @@ impl GpuBackend {
         }
         let compiled = cache::compile(self.api, &self.arch, &defines)?;
         record_compile(&compiled);
-        let api = self.api;
-        let mut module: Handle = std::ptr::null_mut();
-        // SAFETY: the binary is a complete cubin; the module lives as long as the process.
-        unsafe {
-            api.check(
-                (api.cuModuleLoadData)(&mut module, compiled.binary.as_ptr() as *const c_void),
-                "cuModuleLoadData",
-            )?;
-        }
-        let get = |name: &CStr| -> Result<Handle> {
-            let mut f: Handle = std::ptr::null_mut();
-            api.check(
-                unsafe { (api.cuModuleGetFunction)(&mut f, module, name.as_ptr()) },
-                &format!("cuModuleGetFunction({})", name.to_string_lossy()),
-            )?;
-            Ok(f)
-        };
+        let module = self.api.load_module(&compiled.binary, "fused_moe")?;
+        let get = |name: &CStr| self.api.function(module, name);
         let k = Kernels {
             route: get(c"moe_route")?,
             stage1: get(c"moe_stage1")?,

@@ -128,22 +128,8 @@ fn open(vendor: Vendor, device_id: i32) -> Result<(Arc<GpuBackend>, PrepKernels)
     super::record_compile(&compiled);
     let api = dev.api;
     let ctx = dev.enter()?;
-    let mut module: Handle = std::ptr::null_mut();
-    // SAFETY: a complete code object; the module lives as long as the process.
-    unsafe {
-        api.check(
-            (api.cuModuleLoadData)(&mut module, compiled.binary.as_ptr() as *const c_void),
-            "cuModuleLoadData(prep)",
-        )?;
-    }
-    let get = |name: &CStr| -> Result<Handle> {
-        let mut f: Handle = std::ptr::null_mut();
-        api.check(
-            unsafe { (api.cuModuleGetFunction)(&mut f, module, name.as_ptr()) },
-            &format!("cuModuleGetFunction({})", name.to_string_lossy()),
-        )?;
-        Ok(f)
-    };
+    let module = api.load_module(&compiled.binary, "prep")?;
+    let get = |name: &CStr| api.function(module, name);
     let k = PrepKernels {
         rows: get(c"prep_rows")?,
         tile: get(c"prep_tile")?,
