@@ -178,6 +178,46 @@ __device__ __forceinline__ float activate(float g, float u, const Params& p) {
 #endif
 }
 
+// Stage-1 epilogue of both GEMM paths: router weight on input, bias, activation, then the cast
+// to the output dtype (as the CPU backend does) and, for 16-bit activations of the other
+// 16-bit type, once more to the activation dtype; quantized activations start from the cast.
+__device__ __forceinline__ void store_gated(const Params& p, int e, i64 q, int col, float g,
+                                            float u, float w) {
+#if RWOI
+  g *= w;
+  u *= w;
+#endif
+#if HAS_BIAS
+  const float* b = (const float*)p.w13_bias + (i64)e * 2 * p.Ip;
+  g += b[gate_row(col, p.Ip)];
+  u += b[up_row(col, p.Ip)];
+#endif
+  float a = activate(g, u, p);
+#if OUT_F16
+  u16 o = mp_f32_to_f16(a);
+#else
+  u16 o = mp_f32_to_bf16(a);
+#endif
+#if !ACT_Q && OUT_F16 != ACT_F16
+  float r = OUT_F16 ? mp_f16_to_f32(o) : mp_bf16_to_f32(o);
+  o = ACT_F16 ? mp_f32_to_f16(r) : mp_f32_to_bf16(r);
+#endif
+  ((u16*)p.inter)[q * p.I + col] = o;
+}
+
+// Stage-2 epilogue of both GEMM paths: bias, then the routing weight unless it was applied
+// on the input.
+__device__ __forceinline__ void store_down(const Params& p, int e, i64 q, int col, float v,
+                                           float w) {
+#if HAS_BIAS
+  v += ((const float*)p.w2_bias)[(i64)e * p.Hp + col];
+#endif
+#if !RWOI
+  v *= w;
+#endif
+  ((float*)p.y)[q * p.H + col] = v;
+}
+
 // ---- routing ----------------------------------------------------------------------------
 
 // Exclusive prefix sum of v[0..n) in place by one block of SCAN_THREADS threads; returns the
@@ -495,38 +535,9 @@ __device__ void moe_gemm(const Params& p) {
       int col = n0 + 4 * tx + j;
       if (col >= Ncols) continue;
       if (GATED) {
-        float g = acc[0][i][j], u = acc[GATED ? 1 : 0][i][j];
-#if RWOI
-        g *= w;
-        u *= w;
-#endif
-#if HAS_BIAS
-        const float* b = (const float*)p.w13_bias + (i64)e * 2 * p.Ip;
-        g += b[gate_row(col, p.Ip)];
-        u += b[up_row(col, p.Ip)];
-#endif
-        float a = activate(g, u, p);
-        // Cast to the output dtype (as the CPU backend does); quantized activations are
-        // quantized from that, 16-bit ones rounded once more to the activation dtype.
-#if OUT_F16
-        u16 o = mp_f32_to_f16(a);
-#else
-        u16 o = mp_f32_to_bf16(a);
-#endif
-#if !ACT_Q && OUT_F16 != ACT_F16
-        float r = OUT_F16 ? mp_f16_to_f32(o) : mp_bf16_to_f32(o);
-        o = ACT_F16 ? mp_f32_to_f16(r) : mp_f32_to_bf16(r);
-#endif
-        ((u16*)p.inter)[(i64)q * p.I + col] = o;
+        store_gated(p, e, q, col, acc[0][i][j], acc[GATED ? 1 : 0][i][j], w);
       } else {
-        float v = acc[0][i][j];
-#if HAS_BIAS
-        v += ((const float*)p.w2_bias)[(i64)e * p.Hp + col];
-#endif
-#if !RWOI
-        v *= w;
-#endif
-        ((float*)p.y)[(i64)q * p.H + col] = v;
+        store_down(p, e, q, col, acc[0][i][j], w);
       }
     }
   }
@@ -927,26 +938,7 @@ __device__ void moe_gemm_tc(const Params& p) {
         g *= sa;
         u *= sa;
 #endif
-#if RWOI
-        g *= w;
-        u *= w;
-#endif
-#if HAS_BIAS
-        const float* bb = (const float*)p.w13_bias + (i64)e * 2 * p.Ip;
-        g += bb[gate_row(col, p.Ip)];
-        u += bb[up_row(col, p.Ip)];
-#endif
-        float a = activate(g, u, p);
-#if OUT_F16
-        u16 o = mp_f32_to_f16(a);
-#else
-        u16 o = mp_f32_to_bf16(a);
-#endif
-#if !ACT_Q && OUT_F16 != ACT_F16
-        float rr = OUT_F16 ? mp_f16_to_f32(o) : mp_bf16_to_f32(o);
-        o = ACT_F16 ? mp_f32_to_f16(rr) : mp_f32_to_bf16(rr);
-#endif
-        ((u16*)p.inter)[(i64)q * p.I + col] = o;
+        store_gated(p, e, q, col, g, u, w);
       } else {
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
@@ -956,13 +948,7 @@ __device__ void moe_gemm_tc(const Params& p) {
 #if WFMT == 3 || WFMT == 4
           v *= w_scale(S, e, col, 0, Nst, Kst);
 #endif
-#if HAS_BIAS
-          v += ((const float*)p.w2_bias)[(i64)e * p.Hp + col];
-#endif
-#if !RWOI
-          v *= w;
-#endif
-          ((float*)p.y)[(i64)q * p.H + col] = v;
+          store_down(p, e, q, col, v, w);
         }
       }
     }

@@ -130,22 +130,7 @@ pub unsafe fn read_launch(ptr: *const moeplug_fused_moe_args) -> Result<MoeLaunc
 /// The backend that owns the launch's memory: all tensors must live on one device.
 pub fn backend_of(launch: &MoeLaunch) -> Result<Arc<dyn Backend>> {
     let dev = (launch.hidden_states.device, launch.hidden_states.device_id);
-    let all = [
-        Some(&launch.w13),
-        Some(&launch.w2),
-        Some(&launch.topk_ids),
-        Some(&launch.topk_weights),
-        Some(&launch.output),
-        launch.hidden_scale.as_ref(),
-        launch.w13_scale.as_ref(),
-        launch.w2_scale.as_ref(),
-        launch.w13_bias.as_ref(),
-        launch.w2_bias.as_ref(),
-        launch.expert_mask.as_ref(),
-        launch.num_local_tokens.as_ref(),
-        launch.workspace.as_ref(),
-    ];
-    for t in all.into_iter().flatten() {
+    for t in launch.tensors() {
         if t.device.is_host() != dev.0.is_host()
             || (!dev.0.is_host() && (t.device, t.device_id) != dev)
         {

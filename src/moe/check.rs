@@ -391,20 +391,7 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
     }
 
     // The output is written while everything else is read.
-    let inputs = [
-        Some(h),
-        Some(&launch.w13),
-        Some(&launch.w2),
-        Some(ids),
-        Some(&launch.topk_weights),
-        launch.w13_scale.as_ref(),
-        launch.w2_scale.as_ref(),
-        launch.w13_bias.as_ref(),
-        launch.w2_bias.as_ref(),
-        launch.expert_mask.as_ref(),
-        launch.num_local_tokens.as_ref(),
-    ];
-    for t in inputs.into_iter().flatten() {
+    for t in launch.inputs().into_iter().flatten() {
         if out.overlaps(t) {
             return Err(Error::invalid(format!(
                 "output: overlaps {} (the output may not alias an input)",

@@ -49,3 +49,29 @@ pub struct MoeLaunch {
     pub workspace: Option<Tensor>,
     pub stream: usize,
 }
+
+impl MoeLaunch {
+    /// Every tensor the launch reads (all but `output` and `workspace`), present or not.
+    pub fn inputs(&self) -> [Option<&Tensor>; 12] {
+        [
+            Some(&self.hidden_states),
+            self.hidden_scale.as_ref(),
+            Some(&self.w13),
+            self.w13_scale.as_ref(),
+            self.w13_bias.as_ref(),
+            Some(&self.w2),
+            self.w2_scale.as_ref(),
+            self.w2_bias.as_ref(),
+            Some(&self.topk_weights),
+            Some(&self.topk_ids),
+            self.expert_mask.as_ref(),
+            self.num_local_tokens.as_ref(),
+        ]
+    }
+
+    /// Every tensor of the launch that is present.
+    pub fn tensors(&self) -> impl Iterator<Item = &Tensor> {
+        let written = [Some(&self.output), self.workspace.as_ref()];
+        self.inputs().into_iter().chain(written).flatten()
+    }
+}
