@@ -39,22 +39,7 @@ fn buffer(n: usize, pattern: &[u8]) -> Vec<u64> {
 }
 
 fn tensor(store: &mut [u64], shape: &[i64], code: u8, bits: u8) -> moeplug_tensor {
-    moeplug_tensor {
-        data: store.as_mut_ptr() as *mut _,
-        device: moeplug_device {
-            device_type: 1,
-            device_id: 0,
-        },
-        ndim: shape.len() as i32,
-        dtype: moeplug_dtype {
-            code,
-            bits,
-            lanes: 1,
-        },
-        shape: shape.as_ptr(),
-        strides: std::ptr::null(),
-        byte_offset: 0,
-    }
+    moeplug_tensor::host(store.as_mut_ptr() as *mut _, shape, code, bits)
 }
 
 fn memcpy_bandwidth() -> f64 {

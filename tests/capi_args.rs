@@ -32,22 +32,7 @@ fn layout() -> moeplug_layout {
 }
 
 fn tensor(data: *mut u8, shape: &[i64], code: u8, bits: u8) -> moeplug_tensor {
-    moeplug_tensor {
-        data: data as *mut libc::c_void,
-        device: moeplug_device {
-            device_type: 1,
-            device_id: 0,
-        },
-        ndim: shape.len() as i32,
-        dtype: moeplug_dtype {
-            code,
-            bits,
-            lanes: 1,
-        },
-        shape: shape.as_ptr(),
-        strides: ptr::null(),
-        byte_offset: 0,
-    }
+    moeplug_tensor::host(data as *mut libc::c_void, shape, code, bits)
 }
 
 fn args(l: &moeplug_layout, hidden: *const moeplug_tensor) -> moeplug_fused_moe_args {

@@ -26,6 +26,32 @@ pub struct Caps {
     pub features: u32,
 }
 
+impl Caps {
+    /// Every format, activation dtype, gate mode, activation and layout of the shared fused_moe
+    /// semantics (`moe`), with the launch options both backends implement; a backend adds its
+    /// own features (graph capture, device prep) on top.
+    pub fn full_fused_moe(backend: BackendKind, arch: String, runtime_version: String) -> Caps {
+        use crate::types::{
+            feature, ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout,
+        };
+        Caps {
+            backend: Some(backend),
+            arch,
+            runtime_version,
+            weight_formats: WeightFormat::mask_of(WeightFormat::ALL),
+            act_dtypes: ActDtype::mask_of(ActDtype::ALL),
+            gate_modes: GateMode::mask_of(GateMode::ALL),
+            activations: Activation::mask_of(Activation::ALL),
+            weight_layouts: WeightLayout::mask_of(WeightLayout::ALL),
+            scale_layouts: ScaleLayout::mask_of(ScaleLayout::ALL),
+            features: feature::BIAS
+                | feature::EXPERT_MASK
+                | feature::NUM_LOCAL_TOKENS
+                | feature::ROUTER_WEIGHT_ON_INPUT,
+        }
+    }
+}
+
 pub trait Backend: Send + Sync {
     fn kind(&self) -> BackendKind;
     fn caps(&self) -> Caps;

@@ -225,6 +225,29 @@ pub struct moeplug_tensor {
     pub byte_offset: u64,
 }
 
+impl moeplug_tensor {
+    /// A compact row-major host (CPU) tensor over `data` with DLPack dtype `(code, bits)`.
+    /// `shape` is borrowed: it must outlive every use of the descriptor.
+    pub fn host(data: *mut c_void, shape: &[i64], code: u8, bits: u8) -> moeplug_tensor {
+        moeplug_tensor {
+            data,
+            device: moeplug_device {
+                device_type: 1,
+                device_id: 0,
+            },
+            ndim: shape.len() as i32,
+            dtype: moeplug_dtype {
+                code,
+                bits,
+                lanes: 1,
+            },
+            shape: shape.as_ptr(),
+            strides: std::ptr::null(),
+            byte_offset: 0,
+        }
+    }
+}
+
 /// The layout record: what preparation produced and what the launch checks. Plain data, safe
 /// to store next to cached weights. Written by `moeplug_prepare_moe`; engines that prepare
 /// with the primitives fill it themselves. Pads are derived from the sizes.

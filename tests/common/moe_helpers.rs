@@ -75,22 +75,12 @@ impl T {
                 self.bytes.len(),
             );
         }
-        moeplug_tensor {
-            data: self.store.as_mut_ptr() as *mut _,
-            device: moeplug_device {
-                device_type: 1,
-                device_id: 0,
-            },
-            ndim: self.shape.len() as i32,
-            dtype: moeplug_dtype {
-                code: self.code,
-                bits: self.bits,
-                lanes: 1,
-            },
-            shape: self.shape.as_ptr(),
-            strides: std::ptr::null(),
-            byte_offset: 0,
-        }
+        moeplug_tensor::host(
+            self.store.as_mut_ptr() as *mut _,
+            &self.shape,
+            self.code,
+            self.bits,
+        )
     }
     fn read_back(&mut self) {
         // SAFETY: store holds at least bytes.len() bytes.

@@ -137,25 +137,11 @@ impl Dl {
     pub fn new(data: *mut u8, code: u8, bits: u8, shape: &[usize]) -> Box<Dl> {
         let shape: Box<[i64]> = shape.iter().map(|&d| d as i64).collect();
         let mut d = Box::new(Dl {
-            t: moeplug_tensor {
-                data: data as *mut libc::c_void,
-                device: moeplug_device {
-                    device_type: 1,
-                    device_id: 0,
-                },
-                ndim: shape.len() as i32,
-                dtype: moeplug_dtype {
-                    code,
-                    bits,
-                    lanes: 1,
-                },
-                shape: std::ptr::null(),
-                strides: std::ptr::null(),
-                byte_offset: 0,
-            },
+            t: moeplug_tensor::host(data as *mut libc::c_void, &[], code, bits),
             shape,
         });
         d.t.shape = d.shape.as_ptr();
+        d.t.ndim = d.shape.len() as i32;
         d
     }
     pub fn of(buf: &mut [u8], torch: &str, shape: &[usize]) -> Box<Dl> {

@@ -12,9 +12,7 @@ use super::{check_against_caps, Backend, Caps};
 use crate::error::Result;
 use crate::moe::check::{check_launch, check_record};
 use crate::moe::{MoeConfig, MoeLaunch};
-use crate::types::{
-    feature, ActDtype, Activation, BackendKind, GateMode, ScaleLayout, WeightFormat, WeightLayout,
-};
+use crate::types::BackendKind;
 
 pub struct CpuBackend;
 
@@ -31,21 +29,11 @@ impl Backend for CpuBackend {
 
     /// Everything the integration tests run (tests/moe_reference.rs, tests/moe_golden.rs).
     fn caps(&self) -> Caps {
-        Caps {
-            backend: Some(BackendKind::Cpu),
-            arch: std::env::consts::ARCH.to_string(),
-            runtime_version: format!("{} threads", threads()),
-            weight_formats: WeightFormat::mask_of(WeightFormat::ALL),
-            act_dtypes: ActDtype::mask_of(ActDtype::ALL),
-            gate_modes: GateMode::mask_of(GateMode::ALL),
-            activations: Activation::mask_of(Activation::ALL),
-            weight_layouts: WeightLayout::mask_of(WeightLayout::ALL),
-            scale_layouts: ScaleLayout::mask_of(ScaleLayout::ALL),
-            features: feature::BIAS
-                | feature::EXPERT_MASK
-                | feature::NUM_LOCAL_TOKENS
-                | feature::ROUTER_WEIGHT_ON_INPUT,
-        }
+        Caps::full_fused_moe(
+            BackendKind::Cpu,
+            std::env::consts::ARCH.to_string(),
+            format!("{} threads", threads()),
+        )
     }
 
     /// The masks, the format's allowed activation dtypes, and a record every reader can index.

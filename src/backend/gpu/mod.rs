@@ -16,9 +16,7 @@ use once_cell::sync::Lazy;
 use super::{Backend, Caps};
 use crate::error::{Error, Result};
 use crate::moe::{MoeConfig, MoeLaunch};
-use crate::types::{
-    feature, ActDtype, Activation, BackendKind, GateMode, ScaleLayout, WeightFormat, WeightLayout,
-};
+use crate::types::{feature, ActDtype, BackendKind};
 use driver::{Api, Handle};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -275,24 +273,14 @@ impl GpuBackend {
 /// masks (every format, activation dtype, gate mode, activation, layout and feature) plus
 /// CUDA graph capture.
 pub fn gpu_caps(arch: &str, runtime_version: &str) -> Caps {
-    Caps {
-        backend: Some(BackendKind::Cuda),
-        arch: arch.to_string(),
-        runtime_version: runtime_version.to_string(),
-        weight_formats: WeightFormat::mask_of(WeightFormat::ALL),
-        act_dtypes: ActDtype::mask_of(ActDtype::ALL),
-        gate_modes: GateMode::mask_of(GateMode::ALL),
-        activations: Activation::mask_of(Activation::ALL),
-        weight_layouts: WeightLayout::mask_of(WeightLayout::ALL),
-        scale_layouts: ScaleLayout::mask_of(ScaleLayout::ALL),
-        features: feature::BIAS
-            | feature::EXPERT_MASK
-            | feature::NUM_LOCAL_TOKENS
-            | feature::ROUTER_WEIGHT_ON_INPUT
-            | feature::GRAPH_CAPTURE
-            // Device tensors in every prep call (gpu::prep, tests/gpu/test_prep_device.py).
-            | feature::DEVICE_PREP,
-    }
+    let mut caps = Caps::full_fused_moe(
+        BackendKind::Cuda,
+        arch.to_string(),
+        runtime_version.to_string(),
+    );
+    // Device tensors in every prep call (gpu::prep, tests/gpu/test_prep_device.py).
+    caps.features |= feature::GRAPH_CAPTURE | feature::DEVICE_PREP;
+    caps
 }
 
 impl Backend for GpuBackend {

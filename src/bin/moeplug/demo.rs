@@ -50,22 +50,7 @@ impl Host {
             shape: shape.iter().map(|&d| d as i64).collect(),
             t: unsafe { std::mem::zeroed() },
         });
-        h.t = moeplug_tensor {
-            data: data.as_mut_ptr() as *mut libc::c_void,
-            device: moeplug_device {
-                device_type: 1,
-                device_id: 0,
-            },
-            ndim: shape.len() as i32,
-            dtype: moeplug_dtype {
-                code,
-                bits,
-                lanes: 1,
-            },
-            shape: h.shape.as_ptr(),
-            strides: std::ptr::null(),
-            byte_offset: 0,
-        };
+        h.t = moeplug_tensor::host(data.as_mut_ptr() as *mut libc::c_void, &h.shape, code, bits);
         h
     }
     fn ptr(&self) -> *const moeplug_tensor {
