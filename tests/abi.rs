@@ -67,6 +67,110 @@ fn c_program_dlopens_the_library_and_sees_every_error_path() {
     assert!(out.contains("all checks passed"), "{out}");
 }
 
+/// A program compiled against the frozen 1.0 header (tests/c/frozen/moeplug_1_0.h, a copy of
+/// the header as released, never edited) and linked like an engine links (soname, symbol
+/// versions), run against this library: caps, every prep call and a CPU fused_moe.
+#[test]
+fn program_built_against_the_1_0_header_runs_on_this_library() {
+    let dir = scratch("frozen_1_0");
+    // What an installed library looks like: libmoeplug.so for the linker, .so.1 for the loader.
+    for name in ["libmoeplug.so", "libmoeplug.so.1"] {
+        std::os::unix::fs::symlink(library(), dir.join(name)).unwrap();
+    }
+    let exe = dir.join("frozen_1_0");
+    run(Command::new(c_compiler())
+        .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg("-I")
+        .arg(root().join("tests/c/frozen"))
+        .arg(root().join("tests/c/frozen_1_0.c"))
+        .arg(format!("-L{}", dir.display()))
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .args(["-lmoeplug", "-lm"]));
+    // The binary asks for the 1.0 symbol versions, as every engine built today does.
+    let needed = run(Command::new("readelf")
+        .args(["--dyn-syms", "--wide"])
+        .arg(&exe));
+    assert!(
+        needed.contains("moeplug_fused_moe@MOEPLUG_1.0"),
+        "not linked against the versioned symbols:\n{needed}"
+    );
+    let out = run(&mut Command::new(&exe));
+    assert!(out.contains("all checks passed"), "{out}");
+}
+
+/// The frozen sizes the current header declares are the sizes of the frozen 1.0 header's
+/// structs, and every 1.0 struct that starts with `struct_size` has one.
+#[test]
+fn frozen_sizes_are_the_1_0_header_sizes() {
+    let dir = scratch("frozen_sizes");
+    let structs = [
+        ("moeplug_caps", "MOEPLUG_CAPS_SIZE_V1_0"),
+        ("moeplug_layout", "MOEPLUG_LAYOUT_SIZE_V1_0"),
+        ("moeplug_fused_moe_args", "MOEPLUG_FUSED_MOE_ARGS_SIZE_V1_0"),
+        (
+            "moeplug_shuffle_weight_args",
+            "MOEPLUG_SHUFFLE_WEIGHT_ARGS_SIZE_V1_0",
+        ),
+        (
+            "moeplug_shuffle_scale_args",
+            "MOEPLUG_SHUFFLE_SCALE_ARGS_SIZE_V1_0",
+        ),
+        (
+            "moeplug_pad_weights_args",
+            "MOEPLUG_PAD_WEIGHTS_ARGS_SIZE_V1_0",
+        ),
+        (
+            "moeplug_swizzle_scale_args",
+            "MOEPLUG_SWIZZLE_SCALE_ARGS_SIZE_V1_0",
+        ),
+        (
+            "moeplug_quantize_mx_args",
+            "MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_0",
+        ),
+        (
+            "moeplug_prepare_moe_args",
+            "MOEPLUG_PREPARE_MOE_ARGS_SIZE_V1_0",
+        ),
+        (
+            "moeplug_prepare_moe_sizes_out",
+            "MOEPLUG_PREPARE_MOE_SIZES_OUT_SIZE_V1_0",
+        ),
+    ];
+    let header = std::fs::read_to_string(include_dir().join("moeplug.h")).unwrap();
+    let frozen = std::fs::read_to_string(root().join("tests/c/frozen/moeplug_1_0.h")).unwrap();
+    // Every struct of the frozen header that starts with struct_size has a frozen size.
+    let extensible = frozen.matches("typedef struct moeplug_").count()
+        - ["moeplug_device", "moeplug_dtype", "moeplug_tensor"].len();
+    assert_eq!(extensible, structs.len(), "a struct without a frozen size");
+    // The 1.0 names in a translation unit of their own, compared with the frozen values.
+    let mut src =
+        String::from("#include <stdio.h>\n#include \"moeplug_1_0.h\"\nint main(void) {\n");
+    for (s, _) in structs {
+        src += &format!("  printf(\"{s} %zu\\n\", sizeof({s}));\n");
+    }
+    src += "  return 0;\n}\n";
+    std::fs::write(dir.join("sizes.c"), src).unwrap();
+    let exe = dir.join("sizes");
+    run(Command::new(c_compiler())
+        .args(["-std=c11", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg("-I")
+        .arg(root().join("tests/c/frozen"))
+        .arg(dir.join("sizes.c")));
+    let out = run(&mut Command::new(&exe));
+    for (s, constant) in structs {
+        let size = out
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{s} ")))
+            .unwrap_or_else(|| panic!("{s} missing in {out}"));
+        assert!(
+            header.contains(&format!("#define {constant} {size}\n")),
+            "{constant} is not sizeof({s}) of the 1.0 header ({size})"
+        );
+    }
+}
+
 /// Dynamic symbols defined by the library, as `name@version` (or `name` when unversioned).
 fn defined_dynamic_symbols() -> Vec<String> {
     let out = run(Command::new("readelf")

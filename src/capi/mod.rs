@@ -16,7 +16,7 @@ pub mod types;
 
 use libc::c_char;
 
-use self::args::check_out_struct;
+use self::args::{out_struct_size, write_struct};
 use self::panic::{guard, guard_value, last_error_ptr, symver};
 use self::types::*;
 use crate::backend::{self, Caps};
@@ -88,9 +88,10 @@ pub extern "C" fn moeplug_version() -> *const c_char {
 }
 
 /// Fill `out` with what the backend of `(device_type, device_id)` can run.
-/// `out->struct_size` must be set by the caller (>= sizeof(moeplug_caps)); written only on
-/// success. CPU (1) always answers; CUDA (2) / ROCm (10) answer BACKEND_UNAVAILABLE with the
-/// reason when the driver or runtime cannot be loaded. Thread-safe.
+/// `out->struct_size` must be set by the caller (at least MOEPLUG_CAPS_SIZE_V1_0); written
+/// only on success, and only up to `out->struct_size` bytes (docs/abi.md). CPU (1) always
+/// answers; CUDA (2) / ROCm (10) answer BACKEND_UNAVAILABLE with the reason when the driver
+/// or runtime cannot be loaded. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn moeplug_get_caps(
     device_type: i32,
@@ -98,17 +99,17 @@ pub unsafe extern "C" fn moeplug_get_caps(
     out: *mut moeplug_caps,
 ) -> moeplug_status {
     status(guard("moeplug_get_caps", || {
-        check_out_struct(out, "out")?;
+        let size = out_struct_size(out, "out")?;
         let device = DeviceKind::from_raw("device_type", device_type)?;
         let caps = backend::for_device(device, device_id)?.caps();
-        write_caps(out, &caps, device_type, device_id);
+        write_struct(out, &caps_record(&caps, device_type, device_id), size);
         Ok(())
     }))
 }
 
-unsafe fn write_caps(out: *mut moeplug_caps, caps: &Caps, device_type: i32, device_id: i32) {
+fn caps_record(caps: &Caps, device_type: i32, device_id: i32) -> moeplug_caps {
     let mut c = moeplug_caps {
-        struct_size: std::ptr::read_unaligned(out as *const u32),
+        struct_size: 0, // set by write_struct
         abi_version: moeplug_abi_version(),
         device_type,
         device_id,
@@ -125,7 +126,7 @@ unsafe fn write_caps(out: *mut moeplug_caps, caps: &Caps, device_type: i32, devi
     };
     copy_c_string(&mut c.arch, &caps.arch);
     copy_c_string(&mut c.runtime_version, &caps.runtime_version);
-    std::ptr::write_unaligned(out, c);
+    c
 }
 
 fn copy_c_string(dst: &mut [c_char; 32], s: &str) {

@@ -6,7 +6,7 @@
 //! (`backend::gpu::prep`): no allocation, no synchronization, byte-identical results.
 
 use super::args::{
-    check_out_struct, enum_or, flag, non_null, optional_tensor, read_struct, tensor,
+    enum_or, flag, optional_tensor, out_struct_size, read_struct, tensor, write_struct,
 };
 use super::panic::{guard, symver};
 use super::status;
@@ -704,7 +704,7 @@ pub unsafe extern "C" fn moeplug_prepare_moe_sizes(
 ) -> moeplug_status {
     status(guard("moeplug_prepare_moe_sizes", || {
         let a = read_struct(args, "args")?;
-        check_out_struct(out, "out")?;
+        let size = out_struct_size(out, "out")?;
         let req = read_prepare(&a, describe)?;
         let p = &req.plan;
         let (w13_ndim, w13_shape) = shape4(Some(&p.w13));
@@ -713,8 +713,13 @@ pub unsafe extern "C" fn moeplug_prepare_moe_sizes(
         let (w2_ndim, w2_shape) = shape4(Some(&p.w2));
         let (w2_scale_ndim, w2_scale_shape) = shape4(p.w2_scale.as_ref());
         let (w2_bias_ndim, w2_bias_shape) = shape4(p.w2_bias.as_ref());
+        // The nested record is as long as the caller's struct leaves room for (a 1.0 caller:
+        // the 1.0 record).
+        let mut layout = layout_record(&p.layout);
+        let room = size - std::mem::offset_of!(moeplug_prepare_moe_sizes_out, layout);
+        layout.struct_size = room.min(std::mem::size_of::<moeplug_layout>()) as u32;
         let sizes = moeplug_prepare_moe_sizes_out {
-            struct_size: std::mem::size_of::<moeplug_prepare_moe_sizes_out>() as u32,
+            struct_size: 0, // set by write_struct
             w13_ndim,
             w13_shape,
             w13_scale_ndim,
@@ -733,9 +738,9 @@ pub unsafe extern "C" fn moeplug_prepare_moe_sizes(
             w2_bytes: p.w2_bytes() as u64,
             w2_scale_bytes: p.w2_scale_bytes() as u64,
             w2_bias_bytes: p.w2_bias_bytes() as u64,
-            layout: layout_record(&p.layout),
+            layout,
         };
-        std::ptr::write_unaligned(out, sizes);
+        write_struct(out, &sizes, size);
         Ok(())
     }))
 }
@@ -785,8 +790,7 @@ pub unsafe extern "C" fn moeplug_prepare_moe(
 ) -> moeplug_status {
     status(guard("moeplug_prepare_moe", || {
         let a = read_struct(args, "args")?;
-        non_null(a.out_layout as *const moeplug_layout, "out_layout")?;
-        check_out_struct(a.out_layout, "out_layout")?;
+        let layout_size = out_struct_size(a.out_layout, "out_layout")?;
         let req = read_prepare(&a, optional_tensor)?;
         let p = &req.plan;
         let inputs = [
@@ -860,7 +864,7 @@ pub unsafe extern "C" fn moeplug_prepare_moe(
                 })
                 .collect();
             gpu_prep::run_steps(v, id, stream, &steps)?;
-            std::ptr::write_unaligned(a.out_layout, layout_record(&p.layout));
+            write_struct(a.out_layout, &layout_record(&p.layout), layout_size);
             return Ok(());
         }
         unsafe fn bytes(t: &Option<Tensor>) -> Option<&[u8]> {
@@ -890,7 +894,7 @@ pub unsafe extern "C" fn moeplug_prepare_moe(
                 w2_bias: bytes_mut(&o2b),
             },
         )?;
-        std::ptr::write_unaligned(a.out_layout, layout_record(&p.layout));
+        write_struct(a.out_layout, &layout_record(&p.layout), layout_size);
         Ok(())
     }))
 }

@@ -192,6 +192,31 @@ pub enum moeplug_moe_flag {
     RouterWeightOnInput = 1 << 3,
 }
 
+// Frozen 1.0 sizes (64-bit targets) of every struct that starts with `struct_size`: the
+// smallest `struct_size` each call accepts. Later versions append fields after these sizes and
+// never change them (docs/abi.md, "Versioning").
+
+/// `sizeof(moeplug_caps)` in ABI 1.0.
+pub const MOEPLUG_CAPS_SIZE_V1_0: u32 = 112;
+/// `sizeof(moeplug_layout)` in ABI 1.0.
+pub const MOEPLUG_LAYOUT_SIZE_V1_0: u32 = 64;
+/// `sizeof(moeplug_fused_moe_args)` in ABI 1.0.
+pub const MOEPLUG_FUSED_MOE_ARGS_SIZE_V1_0: u32 = 160;
+/// `sizeof(moeplug_shuffle_weight_args)` in ABI 1.0.
+pub const MOEPLUG_SHUFFLE_WEIGHT_ARGS_SIZE_V1_0: u32 = 56;
+/// `sizeof(moeplug_shuffle_scale_args)` in ABI 1.0.
+pub const MOEPLUG_SHUFFLE_SCALE_ARGS_SIZE_V1_0: u32 = 40;
+/// `sizeof(moeplug_pad_weights_args)` in ABI 1.0.
+pub const MOEPLUG_PAD_WEIGHTS_ARGS_SIZE_V1_0: u32 = 40;
+/// `sizeof(moeplug_swizzle_scale_args)` in ABI 1.0.
+pub const MOEPLUG_SWIZZLE_SCALE_ARGS_SIZE_V1_0: u32 = 32;
+/// `sizeof(moeplug_quantize_mx_args)` in ABI 1.0.
+pub const MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_0: u32 = 48;
+/// `sizeof(moeplug_prepare_moe_args)` in ABI 1.0.
+pub const MOEPLUG_PREPARE_MOE_ARGS_SIZE_V1_0: u32 = 136;
+/// `sizeof(moeplug_prepare_moe_sizes_out)` in ABI 1.0.
+pub const MOEPLUG_PREPARE_MOE_SIZES_OUT_SIZE_V1_0: u32 = 352;
+
 /// DLPack `DLDevice`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -437,7 +462,8 @@ pub struct moeplug_prepare_moe_sizes_out {
     pub w2_bytes: u64,
     pub w2_scale_bytes: u64,
     pub w2_bias_bytes: u64,
-    /// The layout record the preparation will write.
+    /// The layout record the preparation will write. Its `struct_size` is the bytes of it
+    /// filled: `MOEPLUG_LAYOUT_SIZE_V1_0` for a caller of the 1.0 size of this struct.
     pub layout: moeplug_layout,
 }
 
