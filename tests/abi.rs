@@ -307,3 +307,131 @@ fn readme_c_example_builds() {
         .arg(dir.join("example.c"))
         .arg(library()));
 }
+
+/// Structs (with field names) and enums (with constant names) of a header, read from its text.
+struct HeaderItems {
+    structs: Vec<(String, Vec<String>)>,
+    enums: Vec<(String, Vec<String>)>,
+    frozen_sizes: Vec<(String, String)>,
+}
+
+fn header_items(header: &str) -> HeaderItems {
+    let lines: Vec<&str> = header.lines().collect();
+    let mut items = HeaderItems {
+        structs: vec![],
+        enums: vec![],
+        frozen_sizes: vec![],
+    };
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i].trim();
+        if let Some(name) = line
+            .strip_prefix("typedef struct ")
+            .and_then(|r| r.strip_suffix(" {"))
+        {
+            let mut fields = vec![];
+            i += 1;
+            while !lines[i].starts_with('}') {
+                let l = lines[i].trim();
+                if let Some(decl) = l.strip_suffix(';').filter(|_| !l.starts_with('*')) {
+                    let decl = decl.split('[').next().unwrap();
+                    let field = decl.rsplit([' ', '*']).next().unwrap();
+                    fields.push(field.to_string());
+                }
+                i += 1;
+            }
+            items.structs.push((name.to_string(), fields));
+        } else if let Some(name) = line.strip_prefix("enum moeplug_") {
+            let mut constants = vec![];
+            while !lines[i].starts_with("};") {
+                let l = lines[i].trim();
+                if let Some((c, _)) = l.split_once(" = ").filter(|_| l.starts_with("MOEPLUG_")) {
+                    constants.push(c.to_string());
+                }
+                i += 1;
+            }
+            items.enums.push((format!("moeplug_{name}"), constants));
+        } else if let Some(rest) = line.strip_prefix("#define ") {
+            if let Some((m, _)) = rest.split_once(' ') {
+                if let Some(s) = m.strip_suffix("_SIZE_V1_0") {
+                    items.frozen_sizes.push((s.to_lowercase(), m.to_string()));
+                }
+            }
+        }
+        i += 1;
+    }
+    items
+}
+
+/// The header as the C compiler sees it, in the format of `_abi.describe_mirror()`.
+fn header_facts(dir: &std::path::Path) -> Vec<String> {
+    let header = std::fs::read_to_string(include_dir().join("moeplug.h")).unwrap();
+    let items = header_items(&header);
+    assert!(
+        items.structs.len() >= 13 && items.enums.len() >= 14,
+        "header parse"
+    );
+    let mut src = String::from(
+        "#include <stddef.h>\n#include <stdio.h>\n#include \"moeplug.h\"\nint main(void) {\n",
+    );
+    for (s, fields) in &items.structs {
+        src += &format!("  printf(\"struct {s} size %zu\\n\", sizeof({s}));\n");
+        for f in fields {
+            src += &format!(
+                "  printf(\"field {s}.{f} offset %zu size %zu\\n\", offsetof({s}, {f}), \
+                 sizeof((({s} *)0)->{f}));\n"
+            );
+        }
+    }
+    for (e, constants) in &items.enums {
+        for c in constants {
+            src += &format!("  printf(\"enum {e} {c} %lld\\n\", (long long){c});\n");
+        }
+    }
+    for (s, m) in &items.frozen_sizes {
+        src += &format!("  printf(\"v1_0 {s} %lld\\n\", (long long){m});\n");
+    }
+    src += "  return 0;\n}\n";
+    std::fs::write(dir.join("probe.c"), src).unwrap();
+    let exe = dir.join("probe");
+    run(Command::new(c_compiler())
+        .args(["-std=c11", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg("-I")
+        .arg(include_dir())
+        .arg(dir.join("probe.c")));
+    run(&mut Command::new(&exe))
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The Python package's ctypes mirror (python/moeplug/_abi.py) equals the header: every
+/// struct's size, every field's offset and size, every enum constant's value, every frozen
+/// size. `_abi.py` needs only the standard library, so any python3 runs this.
+#[test]
+fn python_mirror_matches_the_header_field_by_field() {
+    let dir = scratch("python_mirror");
+    let mut want = header_facts(&dir);
+    let python = std::env::var("MOEPLUG_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let script = "import importlib.util, sys\n\
+                  spec = importlib.util.spec_from_file_location('abi', sys.argv[1])\n\
+                  m = importlib.util.module_from_spec(spec)\n\
+                  spec.loader.exec_module(m)\n\
+                  print('\\n'.join(m.describe_mirror()))\n";
+    let mut got: Vec<String> = run(Command::new(python)
+        .args(["-c", script])
+        .arg(root().join("python/moeplug/_abi.py")))
+    .lines()
+    .map(str::to_string)
+    .collect();
+    want.sort();
+    got.sort();
+    let missing: Vec<&String> = want.iter().filter(|l| !got.contains(l)).collect();
+    let extra: Vec<&String> = got.iter().filter(|l| !want.contains(l)).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "python/moeplug/_abi.py differs from include/moeplug.h\n  header only: {missing:#?}\n  \
+         mirror only: {extra:#?}"
+    );
+}

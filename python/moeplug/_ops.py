@@ -236,7 +236,7 @@ def _fused_args(hidden_states, prepared, topk_weights, topk_ids, activation, alp
         alpha=float(alpha),
         limit=float(limit),
         act_dtype=_enum(ACT_DTYPES, act_dtype, "act_dtype"),
-        flags=(1 << 3) if router_weight_on_input else 0,
+        flags=_abi.MOE_FLAGS["router_weight_on_input"] if router_weight_on_input else 0,
     )
     for k, v in tensors.items():
         d = describe(v, k, writable=(k == "output"))
@@ -286,7 +286,7 @@ def check_fused_moe(prepared_or_layout, *, device="cpu", activation="silu", alph
         alpha=float(alpha),
         limit=float(limit),
         act_dtype=_enum(ACT_DTYPES, act_dtype, "act_dtype"),
-        flags=(1 << 3) if router_weight_on_input else 0,
+        flags=_abi.MOE_FLAGS["router_weight_on_input"] if router_weight_on_input else 0,
     )
     if expert_mask:
         args.expert_mask = ctypes.pointer(dummy)

@@ -29,18 +29,7 @@ pub(crate) const ABI_MAJOR: u32 = 1;
 pub(crate) const ABI_MINOR: u32 = 0;
 
 pub(crate) fn status(s: Status) -> moeplug_status {
-    match s {
-        Status::Ok => moeplug_status::MoeplugOk,
-        Status::InvalidArgument => moeplug_status::MoeplugInvalidArgument,
-        Status::Unsupported => moeplug_status::MoeplugUnsupported,
-        Status::LayoutMismatch => moeplug_status::MoeplugLayoutMismatch,
-        Status::BackendUnavailable => moeplug_status::MoeplugBackendUnavailable,
-        Status::DeviceError => moeplug_status::MoeplugDeviceError,
-        Status::CompileError => moeplug_status::MoeplugCompileError,
-        Status::OutOfMemory => moeplug_status::MoeplugOutOfMemory,
-        Status::BufferTooSmall => moeplug_status::MoeplugBufferTooSmall,
-        Status::Internal => moeplug_status::MoeplugInternal,
-    }
+    s.to_c()
 }
 
 /// The message of the last failed call on this thread, or "" if the last call succeeded.
@@ -61,18 +50,7 @@ pub extern "C" fn moeplug_status_name(status: i32) -> *const c_char {
 }
 
 fn status_name_c(s: Status) -> *const c_char {
-    match s {
-        Status::Ok => c"MOEPLUG_OK".as_ptr(),
-        Status::InvalidArgument => c"MOEPLUG_INVALID_ARGUMENT".as_ptr(),
-        Status::Unsupported => c"MOEPLUG_UNSUPPORTED".as_ptr(),
-        Status::LayoutMismatch => c"MOEPLUG_LAYOUT_MISMATCH".as_ptr(),
-        Status::BackendUnavailable => c"MOEPLUG_BACKEND_UNAVAILABLE".as_ptr(),
-        Status::DeviceError => c"MOEPLUG_DEVICE_ERROR".as_ptr(),
-        Status::CompileError => c"MOEPLUG_COMPILE_ERROR".as_ptr(),
-        Status::OutOfMemory => c"MOEPLUG_OUT_OF_MEMORY".as_ptr(),
-        Status::BufferTooSmall => c"MOEPLUG_BUFFER_TOO_SMALL".as_ptr(),
-        Status::Internal => c"MOEPLUG_INTERNAL".as_ptr(),
-    }
+    s.c_name().as_ptr()
 }
 
 /// `(major << 16) | minor` of the ABI this library implements (1.0 → 0x10000).
