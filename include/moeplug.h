@@ -906,7 +906,7 @@ moeplug_status moeplug_fused_moe_workspace_size(const struct moeplug_fused_moe_a
 
 /**
  * Run fused MoE: `output[t] = Σ_s w[t,s] · (act(x_t W13[e]ᵀ + b13[e]) W2[e]ᵀ + b2[e])` with
- * e = topk_ids[t, s] (API.md §6), on the backend that owns the tensors' memory: host tensors
+ * e = topk_ids[t, s] (docs/abi.md §9), on the backend that owns the tensors' memory: host tensors
  * run synchronously on the CPU worker pool, device tensors asynchronously on `args->stream`.
  * A launch never allocates device memory, never synchronizes and never reads device memory
  * from the host (graph-capturable).
@@ -932,7 +932,7 @@ moeplug_status moeplug_fused_moe_workspace_size(const struct moeplug_fused_moe_a
 moeplug_status moeplug_fused_moe(const struct moeplug_fused_moe_args *args);
 
 /**
- * AITER `shuffle_weight` (LAYOUTS.md F1/F2) from `args->src` into `args->dst`, both
+ * AITER `shuffle_weight` (docs/layouts.md F1/F2) from `args->src` into `args->dst`, both
  * `[..., N, K]` (packed fp4 as `{17, 4, 1}` logical or uint8 bytes; K in storage elements
  * for the divisibility rules). `layout_n`/`layout_k` 0 → 16. `dst` has `src`'s shape, with K
  * rounded up to `pad_k_to` when that is > 0 (zero padding). `gate_up` requires
@@ -944,7 +944,7 @@ moeplug_status moeplug_fused_moe(const struct moeplug_fused_moe_args *args);
 moeplug_status moeplug_shuffle_weight(const struct moeplug_shuffle_weight_args *args, void *stream);
 
 /**
- * AITER `shuffle_scale` / `e8m0_shuffle` (LAYOUTS.md F3/F4): `src` `[m, n]` e8m0 (or uint8).
+ * AITER `shuffle_scale` / `e8m0_shuffle` (docs/layouts.md F3/F4): `src` `[m, n]` e8m0 (or uint8).
  * Without `is_guinterleave` (F3): `dst` `[⌈m/256⌉·256, ⌈n/8⌉·8]`, padding bytes 0x00
  * (AITER leaves them undefined); `num_experts` is ignored. With `is_guinterleave` (F4):
  * `num_experts` (> 0) experts of N = m/num_experts rows (N a multiple of 32), `dst`
@@ -965,7 +965,7 @@ moeplug_status moeplug_pad_weights(const struct moeplug_pad_weights_args *args, 
 
 /**
  * Scale swizzle of an e8m0 (or uint8) `src` `[E, N, K/32]` into `dst`:
- * `layout` 0 or CDNA4_SWIZZLE (3): triton_kernels' CDNA4 MX scale layout (LAYOUTS.md F5),
+ * `layout` 0 or CDNA4_SWIZZLE (3): triton_kernels' CDNA4 MX scale layout (docs/layouts.md F5),
  * `dst` `[E, ⌈N/32⌉, ⌈(K/32)/8⌉·8·32]` (its storage order), padding 0x00;
  * AITER_E8M0 (2): `e8m0_shuffle` of the `[E·N, K/32]` view, `dst`
  * `[⌈E·N/256⌉·256, ⌈(K/32)/8⌉·8]`, padding 0x00. PLAIN is not a swizzle (UNSUPPORTED).

@@ -57,7 +57,7 @@ impl ElemType {
     }
 }
 
-/// DLPack device types (API.md §1).
+/// DLPack device types (docs/abi.md §1).
 #[repr(i32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DeviceKind {

@@ -1,4 +1,4 @@
-//! The enumerations of the ABI (API.md §2) as core Rust types. Values arrive from C as
+//! The enumerations of the ABI (docs/abi.md §2) as core Rust types. Values arrive from C as
 //! integers and are validated here; 0 always means "the documented default".
 
 use crate::error::{Error, Result};
@@ -172,7 +172,7 @@ pub mod feature {
 }
 
 impl ActDtype {
-    /// API.md §2: the activation dtype DEFAULT stands for, fixed per weight format.
+    /// docs/abi.md §2: the activation dtype DEFAULT stands for, fixed per weight format.
     /// `input_is_fp16` only matters for 16-bit weights ("same as the input").
     pub fn default_for(format: WeightFormat, input_is_fp16: bool) -> ActDtype {
         match format {
@@ -231,7 +231,7 @@ impl WeightFormat {
 }
 
 impl Activation {
-    /// API.md §2: alpha 0 → 1.702 (SWIGLU_OAI only uses it).
+    /// docs/abi.md §2: alpha 0 → 1.702 (SWIGLU_OAI only uses it).
     pub fn resolve_alpha(self, alpha: f32) -> f32 {
         if alpha == 0.0 {
             1.702

@@ -1,4 +1,4 @@
-"""moeplug: MoE weight preparation and fused MoE through libmoeplug's C ABI (API.md §7).
+"""moeplug: MoE weight preparation and fused MoE through libmoeplug's C ABI (docs/abi.md §10).
 
 Every function raises :class:`MoeplugError` (with ``.status``, ``.name`` and the library's
 message) when the library refuses a call.

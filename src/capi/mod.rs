@@ -147,7 +147,7 @@ pub unsafe extern "C" fn moeplug_fused_moe_workspace_size(
 }
 
 /// Run fused MoE: `output[t] = Σ_s w[t,s] · (act(x_t W13[e]ᵀ + b13[e]) W2[e]ᵀ + b2[e])` with
-/// e = topk_ids[t, s] (API.md §6), on the backend that owns the tensors' memory: host tensors
+/// e = topk_ids[t, s] (docs/abi.md §9), on the backend that owns the tensors' memory: host tensors
 /// run synchronously on the CPU worker pool, device tensors asynchronously on `args->stream`.
 /// A launch never allocates device memory, never synchronizes and never reads device memory
 /// from the host (graph-capturable).

@@ -1,4 +1,4 @@
-//! Weight preparation exports (API.md §4). Each reads its argument struct, validates the
+//! Weight preparation exports (docs/abi.md §7). Each reads its argument struct, validates the
 //! tensors (one location, dtypes, exact shapes, no overlap) and calls `crate::prep`.
 //! Host tensors run synchronously on the calling thread (and its worker threads). Device
 //! tensors (CUDA; ROCm once the HIP backend is validated) go through the same validation and
@@ -83,7 +83,7 @@ fn count_or(raw: i64, default: usize, name: &str) -> Result<usize> {
     }
 }
 
-/// AITER `shuffle_weight` (LAYOUTS.md F1/F2) from `args->src` into `args->dst`, both
+/// AITER `shuffle_weight` (docs/layouts.md F1/F2) from `args->src` into `args->dst`, both
 /// `[..., N, K]` (packed fp4 as `{17, 4, 1}` logical or uint8 bytes; K in storage elements
 /// for the divisibility rules). `layout_n`/`layout_k` 0 → 16. `dst` has `src`'s shape, with K
 /// rounded up to `pad_k_to` when that is > 0 (zero padding). `gate_up` requires
@@ -127,7 +127,7 @@ pub unsafe extern "C" fn moeplug_shuffle_weight(
     }))
 }
 
-/// AITER `shuffle_scale` / `e8m0_shuffle` (LAYOUTS.md F3/F4): `src` `[m, n]` e8m0 (or uint8).
+/// AITER `shuffle_scale` / `e8m0_shuffle` (docs/layouts.md F3/F4): `src` `[m, n]` e8m0 (or uint8).
 /// Without `is_guinterleave` (F3): `dst` `[⌈m/256⌉·256, ⌈n/8⌉·8]`, padding bytes 0x00
 /// (AITER leaves them undefined); `num_experts` is ignored. With `is_guinterleave` (F4):
 /// `num_experts` (> 0) experts of N = m/num_experts rows (N a multiple of 32), `dst`
@@ -343,7 +343,7 @@ pub unsafe extern "C" fn moeplug_pad_weights(
 }
 
 /// Scale swizzle of an e8m0 (or uint8) `src` `[E, N, K/32]` into `dst`:
-/// `layout` 0 or CDNA4_SWIZZLE (3): triton_kernels' CDNA4 MX scale layout (LAYOUTS.md F5),
+/// `layout` 0 or CDNA4_SWIZZLE (3): triton_kernels' CDNA4 MX scale layout (docs/layouts.md F5),
 /// `dst` `[E, ⌈N/32⌉, ⌈(K/32)/8⌉·8·32]` (its storage order), padding 0x00;
 /// AITER_E8M0 (2): `e8m0_shuffle` of the `[E·N, K/32]` view, `dst`
 /// `[⌈E·N/256⌉·256, ⌈(K/32)/8⌉·8]`, padding 0x00. PLAIN is not a swizzle (UNSUPPORTED).
