@@ -10,7 +10,7 @@ import ctypes
 from dataclasses import dataclass
 
 from . import _abi
-from ._tensor import DEVICE_CPU, DEVICE_CUDA, DEVICE_ROCM, describe, ptr
+from ._tensor import DEVICE_CPU, DEVICE_CUDA, DEVICE_ROCM, describe, ptr  # noqa: F401 (re-exported)
 
 __all__ = [
     "MoeplugError",
@@ -35,9 +35,9 @@ from ._abi import (  # noqa: E402
     BACKENDS,
     FEATURES,
     GATE_MODES,
-    ROUND_MODES,
+    ROUND_MODES,  # noqa: F401 (read by _ops)
     SCALE_LAYOUTS,
-    STATUS_NAMES,
+    STATUS_NAMES,  # noqa: F401 (public table)
     WEIGHT_FORMATS,
     WEIGHT_LAYOUTS,
 )

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _abi
-from ._tensor import describe, is_torch, ptr, as_array
+from ._tensor import as_array, describe, is_torch, ptr
 
 
 def _lib():
