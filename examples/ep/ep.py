@@ -175,7 +175,7 @@ class ExpertParallelMoE:
     """One rank's part of an EP MoE layer; `forward(batch)` returns the layer's output for
     this rank's tokens [M, H] bf16 (rows >= batch.m are zero)."""
 
-    def __init__(self, layer, checkpoint: dict, rank: int, world: int, tokens: int, path: str, device, graph: bool, timer: Timer):
+    def __init__(self, layer, checkpoint: dict, rank: int, world: int, tokens: int, path: str, device, graph: bool, timer: Timer, fault: str = ""):
         if path not in ("a2a", "allgather"):
             raise ValueError(f"path: expected 'a2a' or 'allgather', got {path!r}")
         self.layer, self.rank, self.world, self.tokens, self.path = layer, rank, world, tokens, path
@@ -188,7 +188,10 @@ class ExpertParallelMoE:
             raise ValueError(f"checkpoint holds {self.prepared.layout.num_experts} experts, rank {rank} owns {hi - lo}")
         # Each rank sends at most `tokens` rows to each rank: R·M rows cover any routing.
         capacity = world * tokens
-        self.local = LocalMoE(layer, self.prepared, self.experts.mask(rank, device), capacity, device, graph)
+        # fault "shifted-mask" (the test's negative control): each rank's weights under the
+        # next rank's mask, a global→local mix-up the library cannot see when counts agree.
+        mask_rank = (rank + 1) % world if fault == "shifted-mask" else rank
+        self.local = LocalMoE(layer, self.prepared, self.experts.mask(mask_rank, device), capacity, device, graph)
         self.meta = torch.empty(capacity, 2 * layer.topk, dtype=torch.int32, device=device)
         self.received = 0  # rows computed by the last forward
 

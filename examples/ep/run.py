@@ -150,7 +150,7 @@ def worker(rank, world, opts):
             mine = batch(layer, rank, world, M, real[rank], device, opts.seed, experts)
             for path in paths:
                 timer = Timer(cuda)
-                ep = ExpertParallelMoE(layer, ckpt, rank, world, M, path, device, graph=cuda, timer=timer)
+                ep = ExpertParallelMoE(layer, ckpt, rank, world, M, path, device, graph=cuda, timer=timer, fault=opts.fault)
                 y = ep.forward(mine)
                 if not opts.no_check:
                     y_all = gather_rows(y, world)
@@ -222,6 +222,7 @@ def parse(argv=None):
     p.add_argument("--no-check", action="store_true", help="skip the single-process comparison")
     p.add_argument("--strict-bits", action="store_true", help="assert bit equality on CUDA too")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--fault", choices=["", "shifted-mask"], default="", help="break the EP layer on purpose (the test's negative control): the check must fail")
     opts = p.parse_args(argv)
     if opts.tokens is None:
         opts.tokens = "64,1024" if opts.backend == "nccl" else "12"
