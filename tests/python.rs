@@ -103,7 +103,7 @@ fn run_ep(python: &PathBuf, args: &[&str]) -> (bool, String) {
 }
 
 /// Expert parallelism through torch.distributed (gloo, CPU tensors, moeplug's CPU backend) on
-/// 2, 3 (uneven expert split) and 4 processes: every EP output matches the single-process
+/// 2, 3 (uneven expert split) and 4 processes (with the timing table): every EP output matches the single-process
 /// run of the whole layer (examples/ep/run.py says what is compared). A deliberately wrong
 /// expert mask must fail the same check.
 #[test]
@@ -119,7 +119,12 @@ fn expert_parallel_example_on_gloo() {
         }
     };
     for world in ["2", "3", "4"] {
-        let (ok, text) = run_ep(&python, &["--world", world]);
+        let mut args = vec!["--world", world];
+        if world == "4" {
+            // The timing path the GPU run uses (timer, per-rank table), on even batches.
+            args.extend(["--bench", "--iters", "2", "--warmup", "1"]);
+        }
+        let (ok, text) = run_ep(&python, &args);
         println!("{text}");
         assert!(ok, "EP on {world} ranks failed:\n{text}");
         // 2 layers × 2 dispatch paths.
@@ -129,6 +134,17 @@ fn expert_parallel_example_on_gloo() {
             text.contains(&format!("ep: every check matched (R={world}")),
             "{text}"
         );
+        if world == "4" {
+            let rows = text
+                .lines()
+                .filter(|l| l.starts_with("| gpt-oss-like ") || l.starts_with("| deepseek-like "))
+                .count();
+            assert_eq!(
+                rows,
+                2 * 2 * 4,
+                "one timing row per layer, path and rank:\n{text}"
+            );
+        }
     }
     let (ok, text) = run_ep(
         &python,

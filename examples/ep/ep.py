@@ -175,14 +175,14 @@ class ExpertParallelMoE:
     """One rank's part of an EP MoE layer; `forward(batch)` returns the layer's output for
     this rank's tokens [M, H] bf16 (rows >= batch.m are zero)."""
 
-    def __init__(self, layer, checkpoint: dict, rank: int, world: int, tokens: int, path: str, device, graph: bool, timer: Timer, fault: str = ""):
+    def __init__(self, layer, prepared, rank: int, world: int, tokens: int, path: str, device, graph: bool, timer: Timer, fault: str = ""):
         if path not in ("a2a", "allgather"):
             raise ValueError(f"path: expected 'a2a' or 'allgather', got {path!r}")
         self.layer, self.rank, self.world, self.tokens, self.path = layer, rank, world, tokens, path
         self.device, self.timer = device, timer
         self.experts = Experts(layer.num_experts, world)
         self.owner = self.experts.owners(device)
-        self.prepared = prepare_local(layer, checkpoint, device)
+        self.prepared = prepared  # prepare_local on this rank's slice of the checkpoint
         lo, hi = self.experts.range_of(rank)
         if self.prepared.layout.num_experts != hi - lo:
             raise ValueError(f"checkpoint holds {self.prepared.layout.num_experts} experts, rank {rank} owns {hi - lo}")

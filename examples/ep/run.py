@@ -142,7 +142,8 @@ def worker(rank, world, opts):
     failures, rows = 0, []
     for layer in layers:
         experts = Experts(layer.num_experts, world)
-        ckpt = expert_weights(layer, *experts.range_of(rank), device, opts.seed)
+        # This rank prepares only its own experts, from only its slice of the checkpoint.
+        prepared = prepare_local(layer, expert_weights(layer, *experts.range_of(rank), device, opts.seed), device)
         reference = Reference(layer, device, opts.seed) if rank == 0 and not opts.no_check else None
         for M in tokens:
             # Uneven batches (rank r has M - r real tokens) unless timing at exactly M.
@@ -150,7 +151,7 @@ def worker(rank, world, opts):
             mine = batch(layer, rank, world, M, real[rank], device, opts.seed, experts)
             for path in paths:
                 timer = Timer(cuda)
-                ep = ExpertParallelMoE(layer, ckpt, rank, world, M, path, device, graph=cuda, timer=timer, fault=opts.fault)
+                ep = ExpertParallelMoE(layer, prepared, rank, world, M, path, device, graph=cuda, timer=timer, fault=opts.fault)
                 y = ep.forward(mine)
                 if not opts.no_check:
                     y_all = gather_rows(y, world)
@@ -169,7 +170,7 @@ def worker(rank, world, opts):
                     dist.all_gather_object(got, r)
                     rows.extend(got)
                 del ep
-        del ckpt, reference
+        del prepared, reference
     if rank == 0 and rows:
         print_table(rows, world, opts)
     dist.barrier()
