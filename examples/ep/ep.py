@@ -148,7 +148,11 @@ class LocalMoE:
             self._call()  # compiles and loads the kernels outside the capture
             torch.cuda.synchronize()
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            try:  # other threads (NCCL's watchdog) may keep querying events meanwhile
+                capture = torch.cuda.graph(self.graph, capture_error_mode="thread_local")
+            except TypeError:  # torch < 2.1
+                capture = torch.cuda.graph(self.graph)
+            with capture:
                 self._call()
 
     def _call(self):
