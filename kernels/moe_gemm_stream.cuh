@@ -3,18 +3,19 @@
 // Swap-AB: C^T = W * X^T, so 16 weight rows fill the M side of mma.sync and the tokens of one
 // sorted tile (BM = 16, two 8-token column tiles) the N side. A block owns 32 weight rows
 // (stage 1: 16 gate + 16 up rows of 16 output features; stage 2: 32 output rows) for one
-// sorted tile, and its 8 warps split K: warp w takes the 4-pack steps w, w + 8, ...; their
-// partial sums are added in warp order through shared memory (deterministic). Every weight
-// byte of a touched expert is read once per sorted tile, by 16-byte loads straight into
-// registers (no shared memory: the F1 layout stores 16 rows x one 16-byte pack as 256
-// contiguous bytes, and lane (gid, tig) takes rows gid and gid + 8 of pack tig), one step
-// ahead of the MMAs.
+// sorted tile, per row group: KW of the 8 warps split K (warp w takes the 4-pack steps w,
+// w + KW, ...), the block holds 8 / KW row groups (fewer, longer K walks when K is short);
+// the partial sums are added in warp order through shared memory (deterministic). Every weight
+// byte of a touched expert is read once per sorted tile, by 16-byte cp.async copies into a
+// per-warp ring in shared memory, SW_NSTAGE - 1 steps ahead of the MMAs (the F1 layout stores
+// 16 rows x one 16-byte pack as 256 contiguous bytes, and lane (gid, tig) takes rows gid and
+// gid + 8 of pack tig, so a warp's copies of a step cover 1 KiB per 16-row tile).
 //
 // The k order inside an MMA is free as long as both operands use the same one: a lane's
 // weight registers hold the consecutive k of its pack, and its activation registers are
 // loaded (and for MXFP4 permuted) to match, so no shuffle is needed.
 //
-// Formats (the host picks this family only for these, spec::stream_supports):
+// Formats (the host picks this family only for these, heuristics::stream_spec_unsupported):
 // - BF16 / FP16 weights with activations of the same type: the MMA of that type.
 // - MXFP4 weights with bf16 activations: e2m1 -> bf16 by shifts and masks (8 codes per word),
 //   times 2^126 * the e8m0 scale by one exact bf16 multiply (MX scales are powers of two).
@@ -28,6 +29,10 @@
 #define SW_WARPS 8          // warps per block, splitting K
 #define SW_SUBS (BM / 8)    // 8-token column tiles per sorted tile
 #define SW_TLD (BM + 1)     // shared row stride of the partial sums (floats)
+// SW_KW1 / SW_KW2 (-D, heuristics::stream_split_k): warps splitting K in stage 1 / 2.
+#if !defined(SW_KW1) || !defined(SW_KW2) || SW_WARPS % SW_KW1 || SW_WARPS % SW_KW2
+#error "SW_KW1 / SW_KW2: warps splitting K per stage, dividing SW_WARPS"
+#endif
 
 #if WFMT == WF_BF16 || WFMT == WF_FP16
 #define SW_VALS 8           // weight values per 16-byte pack
@@ -45,15 +50,26 @@
 #error "FAMILY_STREAM: fp8 weights run with fp8 activations"
 #endif
 #define SW_KSTEP (4 * SW_VALS)  // K columns per warp step (4 lanes per row)
+// SW_NSTAGE (-D, spec::STREAM_STAGES): steps of each warp's weight ring in dynamic shared
+// memory, filled by cp.async; SW_NSTAGE - 1 steps stay in flight while one is computed.
+// A lane reads back only the 4 x 16 bytes it copied itself, so the ring needs no barrier.
+#if !defined(SW_NSTAGE) || SW_NSTAGE < 2
+#error "SW_NSTAGE: stages of the weight ring, set by the host"
+#endif
+#define SW_RING_BYTES (SW_WARPS * SW_NSTAGE * 4 * 32 * 16)
 // fp8: scales that vary along K fold into the sums per step.
 #define SW_FOLD (SW_FP8 && (WFMT == WF_FP8_BLOCK128 || ACT_Q == AD_FP8_BLOCK128))
 
-__device__ __forceinline__ uint4 sw_load_stream(const u8* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
+// 16 bytes global -> shared without registers (L1 bypassed: weights are read once); `bytes` 0
+// writes zeros and reads nothing.
+__device__ __forceinline__ void sw_cp_async16(void* dst, const void* src, int bytes) {
+  u32 d = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void sw_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void sw_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
 __device__ __forceinline__ u32 sw_word(const uint4& v, int i) {
@@ -97,28 +113,36 @@ __device__ __forceinline__ void sw_mx_factors(u32 b, u32& f1, u32& f2) {
   f2 = h2 | h2 << 16;
 }
 
-// Stage-1 weight rows of the block's two 16-row tiles (t = 0 gate, t = 1 up) or stage-2 rows.
+// First weight row of row group g's two 16-row tiles (stage 1: t = 0 gate, t = 1 up rows of
+// 16 features; stage 2: 32 output rows).
 template <bool GATED>
-__device__ __forceinline__ int sw_tile_row0(const Params& p, int t) {
+__device__ __forceinline__ int sw_tile_row0(const Params& p, int g, int t) {
   if (GATED) {
-    int f0 = blockIdx.y * 16;
+    int f0 = g * 16;
 #if GATE == GM_SEPARATED
     return t ? p.Ip + f0 : f0;
 #else  // GM_INTERLEAVE: 16 gate rows then 16 up rows per 32
     return 2 * f0 + 16 * t;
 #endif
   }
-  return blockIdx.y * 32 + 16 * t;
+  return g * 32 + 16 * t;
 }
 
 template <bool GATED>
 __device__ void moe_gemm_stream(const Params& p) {
-  __shared__ float red[SW_WARPS][2][16][SW_TLD];
+  // KW warps split K; RW = 8 / KW row groups (32 weight rows each) per block.
+  constexpr int KW = GATED ? SW_KW1 : SW_KW2, RW = SW_WARPS / KW;
+  static_assert(sizeof(float) * RW * KW * 2 * 16 * SW_TLD <= SW_RING_BYTES,
+                "the partial sums reuse the ring");
+  extern __shared__ __align__(16) unsigned char sw_smem[];  // SW_RING_BYTES (host: spec)
+  uint4* ring = (uint4*)sw_smem;                            // [warp][stage][t*2+h][lane]
+  auto red = (float(*)[KW][2][16][SW_TLD])sw_smem;          // [RW][KW][..] after the loop
   __shared__ int s_row[BM];
   int tile = blockIdx.x;
   if (tile >= *(const int*)p.total_tiles) return;  // empty tile: exit before any load
   int e = ((const int*)p.tile_expert)[tile];
   int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+  int kw = warp % KW, rg = warp / KW, group = blockIdx.y * RW + rg;
   int rowv = tid < BM ? ((const int*)p.sorted_rows)[tile * BM + tid] : -1;
   if (tid < BM) s_row[tid] = rowv;
   // Rows past the expert's tokens are padding (-1), all at the end of its last tile.
@@ -138,7 +162,7 @@ __device__ void moe_gemm_stream(const Params& p) {
   const u8* wrow[2][2];
 #pragma unroll
   for (int t = 0; t < 2; ++t) {
-    row0[t] = sw_tile_row0<GATED>(p, t);
+    row0[t] = sw_tile_row0<GATED>(p, group, t);
     tile_ok[t] = row0[t] < Nst;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -183,29 +207,50 @@ __device__ void moe_gemm_stream(const Params& p) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[t][j][c] = 0.0f;
 
-  // Weight registers of one step (and, for MXFP4, the e8m0 scale bytes of the lane's rows).
-  uint4 wcur[2][2], wnxt[2][2];
-  u32 bcur[2][2], bnxt[2][2];
-  auto fetch = [&](int st, uint4 (&w)[2][2], u32 (&b)[2][2]) {
+  // The ring: step st of this warp goes to stage (st / KW) % SW_NSTAGE. MXFP4's e8m0 scale
+  // bytes (4 per lane and step) come one step ahead in registers.
+  uint4* my_ring = ring + (i64)warp * SW_NSTAGE * 4 * 32 + lane;
+  auto issue = [&](int st, int stage) {
     int c = st * 4 + tig;
-    bool live = c < nchunks;
+    bool live = st < nsteps && c < nchunks;
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        w[t][h] = live && tile_ok[t] ? sw_load_stream(wrow[t][h] + (i64)c * 256)
-                                     : make_uint4(0u, 0u, 0u, 0u);
+        bool ok = live && tile_ok[t];
+        sw_cp_async16(my_ring + (stage * 4 + t * 2 + h) * 32,
+                      ok ? (const void*)(wrow[t][h] + (i64)c * 256) : (const void*)W, ok ? 16 : 0);
+      }
+    sw_cp_async_commit();  // one group per step, empty ones too: the wait count stays exact
+  };
+  u32 bcur[2][2], bnext[2][2];
+  auto scales = [&](int st, u32 (&b)[2][2]) {
 #if WFMT == WF_MXFP4
+    int c = st * 4 + tig;
+    bool live = st < nsteps && c < nchunks;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
         b[t][h] = live && tile_ok[t]
                       ? (u32)S[mx_scale_offset(e, row0[t] + gid + 8 * h, Nst, c, Kst / 32)]
                       : 127u;
 #endif
-      }
   };
 
-  if (warp < nsteps) fetch(warp, wcur, bcur);
-  for (int st = warp; st < nsteps; st += SW_WARPS) {
-    if (st + SW_WARPS < nsteps) fetch(st + SW_WARPS, wnxt, bnxt);
+#pragma unroll
+  for (int s0 = 0; s0 < SW_NSTAGE - 1; ++s0) issue(kw + s0 * KW, s0);
+  scales(kw, bcur);
+  int stage = 0;
+  for (int st = kw; st < nsteps; st += KW) {
+    issue(st + (SW_NSTAGE - 1) * KW, (stage + SW_NSTAGE - 1) % SW_NSTAGE);
+    scales(st + KW, bnext);
+    sw_cp_async_wait<SW_NSTAGE - 1>();  // this step's group has landed
+    uint4 wcur[2][2];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) wcur[t][h] = my_ring[(stage * 4 + t * 2 + h) * 32];
     int c = st * 4 + tig;
     bool live = c < nchunks;
     i64 kb = (i64)c * 16;  // byte offset of this lane's pack in an activation row (16-bit / fp8)
@@ -342,13 +387,14 @@ __device__ void moe_gemm_stream(const Params& p) {
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        wcur[t][h] = wnxt[t][h];
-        bcur[t][h] = bnxt[t][h];
-      }
+      for (int h = 0; h < 2; ++h) bcur[t][h] = bnext[t][h];
+    stage = stage + 1 == SW_NSTAGE ? 0 : stage + 1;
   }
+  sw_cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the ring before it holds the partial sums
 
-  // Partial sums of each warp -> shared; then thread (r, 2 tokens) adds them in warp order.
+  // Partial sums of each warp -> shared; then each (row, token) of the block adds its KW
+  // partials in warp order (deterministic).
 #pragma unroll
   for (int t = 0; t < 2; ++t)
 #pragma unroll
@@ -356,19 +402,18 @@ __device__ void moe_gemm_stream(const Params& p) {
       if (j >= nsub) continue;
 #pragma unroll
       for (int q = 0; q < 4; ++q)
-        red[warp][t][gid + 8 * (q >> 1)][8 * j + 2 * tig + (q & 1)] = acc[t][j][q];
+        red[rg][kw][t][gid + 8 * (q >> 1)][8 * j + 2 * tig + (q & 1)] = acc[t][j][q];
     }
   __syncthreads();
-  int r = tid >> 4;
-#pragma unroll
-  for (int cc = 0; cc < BM / 16; ++cc) {
-    int tok = (BM / 16) * (tid & 15) + cc, q = s_row[tok];
+  for (int idx = tid; idx < RW * 16 * BM; idx += THREADS) {
+    int g = idx / (16 * BM), r = (idx / BM) % 16, tok = idx % BM, q = s_row[tok];
     if (q < 0) continue;
     float v[2] = {0.0f, 0.0f};
-    for (int w = 0; w < SW_WARPS; ++w) {
-      v[0] += red[w][0][r][tok];
-      v[1] += red[w][1][r][tok];
+    for (int w = 0; w < KW; ++w) {
+      v[0] += red[g][w][0][r][tok];
+      v[1] += red[g][w][1][r][tok];
     }
+    int grp = blockIdx.y * RW + g;
     float wt = ((const float*)p.topk_weights)[q];
     float sa = 1.0f;  // activation scale that does not vary along K
 #if ACT_Q && ACT_Q != AD_FP8_BLOCK128
@@ -376,18 +421,18 @@ __device__ void moe_gemm_stream(const Params& p) {
                                                 (GATED ? p.ng1 : p.ng2)];
 #endif
     if (GATED) {
-      int col = blockIdx.y * 16 + r;
+      int col = grp * 16 + r;
       if (col >= p.I) continue;
-      float g = v[0] * sa, u = v[1] * sa;
+      float g1 = v[0] * sa, u = v[1] * sa;
 #if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
-      g *= w_scale(S, e, gate_row(col, p.Ip), 0, Nst, Kst);
+      g1 *= w_scale(S, e, gate_row(col, p.Ip), 0, Nst, Kst);
       u *= w_scale(S, e, up_row(col, p.Ip), 0, Nst, Kst);
 #endif
-      store_gated(p, e, q, col, g, u, wt);
+      store_gated(p, e, q, col, g1, u, wt);
     } else {
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
-        int col = blockIdx.y * 32 + 16 * t + r;
+        int col = grp * 32 + 16 * t + r;
         if (col >= p.H) continue;
         float y = v[t] * sa;
 #if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL

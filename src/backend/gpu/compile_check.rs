@@ -51,6 +51,8 @@ pub fn selectable_specs(sm: u32) -> Vec<KernelSpec> {
                                 router_weight_on_input: bit(1),
                                 has_mask: bit(2),
                                 fp8_fnuz: fp8 && bit(5),
+                                // every split the heuristics can pick, rotated over stages
+                                split_k: [[8, 4, 2, 1][n % 4], [8, 4, 2, 1][(n / 4) % 4]],
                             };
                             n += 1;
                             if !selectable(sm, &spec) && spec.fp8_fnuz {

@@ -102,6 +102,51 @@ pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
     }
 }
 
+/// The kernel configuration for this launch on `arch`: its family and, for the stream family,
+/// the K split of each stage.
+pub fn spec_for(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> KernelSpec {
+    let family = choose(arch, launch, shape);
+    let mut spec = KernelSpec::for_launch(launch, family);
+    if family == Family::Stream {
+        let l = &launch.config.layout;
+        let steps = |k: usize| k.div_ceil(4 * pack_values(spec.weight_format));
+        // Sorted tiles with rows: at least the touched experts, at most one per pair.
+        let tiles = (shape.m * shape.topk).min(l.num_experts).max(1);
+        spec.split_k = [
+            stream_split_k(
+                steps(l.hidden_size),
+                tiles * l.intermediate_size.div_ceil(16),
+            ),
+            stream_split_k(
+                steps(l.intermediate_size),
+                tiles * l.hidden_size.div_ceil(32),
+            ),
+        ];
+    }
+    spec
+}
+
+/// Blocks the stream family wants at least, so that every SM of an H100/H200-class GPU (132)
+/// gets several (two resident per SM): fewer and the K split stays wide.
+const STREAM_MIN_BLOCKS: usize = 132 * 2 * 3;
+/// K steps per warp below which a warp spends more time on its prologue and the block's
+/// reduction than on streaming.
+const STREAM_MIN_STEPS_PER_WARP: usize = 4;
+
+/// Warps (of 8) that split K in a stream stage of `steps` 4-pack steps, whose 32-row groups
+/// number `row_groups` over the launch: the widest split (8) unless the warps would get too
+/// few steps, as long as the blocks stay plentiful.
+pub fn stream_split_k(steps: usize, row_groups: usize) -> u32 {
+    let mut kw = 8usize;
+    while kw > 1
+        && steps / kw < STREAM_MIN_STEPS_PER_WARP
+        && row_groups.div_ceil(8 / (kw / 2)) >= STREAM_MIN_BLOCKS
+    {
+        kw /= 2;
+    }
+    kw as u32
+}
+
 /// The family for this launch on `arch`.
 pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
     let Some(sm) = sm_version(arch).filter(|&sm| sm >= 80) else {
@@ -126,6 +171,14 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_k_narrows_only_for_short_k_with_blocks_to_spare() {
+        assert_eq!(stream_split_k(64, 10_000), 8); // long K
+        assert_eq!(stream_split_k(12, 100_000), 2); // short K, many blocks
+        assert_eq!(stream_split_k(12, 400), 8); // short K, few blocks: keep the SMs busy
+        assert_eq!(stream_split_k(1, 1 << 20), 1);
+    }
 
     #[test]
     fn arch_strings() {

@@ -9,7 +9,7 @@ use crate::tensor::Tensor;
 use crate::types::{ActDtype, Activation};
 
 use super::heuristics;
-use super::spec::Family;
+use super::spec::{Family, KernelSpec};
 /// Threads of the GEMM and reduce kernels, and of the route kernel.
 pub const THREADS: u32 = 256;
 pub const ROUTE_THREADS: u32 = 1024;
@@ -72,8 +72,8 @@ const REGIONS: usize = 10;
 /// Sizes of one launch and where each workspace region starts.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The GEMM family that runs the launch (its tile height sizes the sort).
-    pub family: Family,
+    /// The kernels that run the launch (the family's tile height sizes the sort).
+    pub spec: KernelSpec,
     pub m: usize,
     pub topk: usize,
     pub e_global: usize,
@@ -120,15 +120,15 @@ pub fn validate(caps: &Caps, launch: &MoeLaunch) -> Result<Plan> {
     check_against_caps(caps, &launch.config)?;
     check_record(&launch.config.layout)?;
     let shape = check_launch(launch)?;
-    let family = heuristics::choose(&caps.arch, launch, &shape);
-    plan(launch, &shape, family)
+    let spec = heuristics::spec_for(&caps.arch, launch, &shape);
+    plan(launch, &shape, spec)
 }
 
 /// GPU-only rules (expert-count limits of the route kernel, device address alignment, index
 /// ranges) and the workspace plan of `family`, for a launch that passed [`check_launch`]. The
 /// workspace size is the same for every family (the sort regions are sized for the smallest
 /// tile), so a size queried once fits whichever family a launch gets.
-pub fn plan(launch: &MoeLaunch, shape: &LaunchShape, family: Family) -> Result<Plan> {
+pub fn plan(launch: &MoeLaunch, shape: &LaunchShape, spec: KernelSpec) -> Result<Plan> {
     let c = &launch.config;
     let l = &c.layout;
     let (e, h, i) = (l.num_experts, l.hidden_size, l.intermediate_size);
@@ -166,7 +166,7 @@ pub fn plan(launch: &MoeLaunch, shape: &LaunchShape, family: Family) -> Result<P
 
     let pairs = m * topk;
     let tiles_of = |rows: usize| pairs.div_ceil(rows) + e.min(pairs);
-    let max_tiles = tiles_of(family.tile_rows());
+    let max_tiles = tiles_of(spec.family.tile_rows());
     let (most_tiles, most_rows) = Family::ALL
         .iter()
         .map(|f| {
@@ -208,7 +208,7 @@ pub fn plan(launch: &MoeLaunch, shape: &LaunchShape, family: Family) -> Result<P
         0
     };
     Ok(Plan {
-        family,
+        spec,
         m,
         topk,
         e_global,

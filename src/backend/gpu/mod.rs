@@ -214,7 +214,8 @@ impl GpuBackend {
 
     /// The kernels for `defines`, compiled (or read from the disk cache) and loaded once
     /// per device and configuration.
-    fn kernels(&self, defines: Vec<String>) -> Result<Kernels> {
+    fn kernels(&self, spec: &spec::KernelSpec) -> Result<Kernels> {
+        let defines = spec.defines();
         let mut map = self
             .kernels
             .lock()
@@ -236,6 +237,12 @@ impl GpuBackend {
             quant1: get(c"moe_quant1")?,
             quant2: get(c"moe_quant2")?,
         };
+        let shared = spec.dynamic_shared_bytes();
+        if shared > 48 * 1024 {
+            for f in [k.stage1, k.stage2] {
+                self.api.set_max_dynamic_shared(f, shared)?;
+            }
+        }
         map.insert(defines, k);
         Ok(k)
     }
@@ -313,17 +320,18 @@ impl Backend for GpuBackend {
         }
         let ws = launch::workspace_ptr(l, &plan)?;
         let _ctx = self.enter()?;
-        let family = plan.family;
-        let k = self.kernels(spec::KernelSpec::for_launch(l, family).defines())?;
+        let k = self.kernels(&plan.spec)?;
         let p = launch::params(l, &plan, ws);
         let stream = l.stream as Handle;
         let tiles = plan.max_tiles as u32;
-        let (n1, n2) = family.block_columns();
+        let (n1, n2) = plan.spec.block_columns();
         let c = &l.config.layout;
         let act = l.config.act_dtype;
         let rows = |n: usize| (n as u32, 1);
         let pairs = plan.m * plan.topk;
         let gemm = |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, what);
+        let shared = plan.spec.dynamic_shared_bytes() as u32;
+        let stage = |f, grid, what| self.launch(f, grid, launch::THREADS, shared, stream, &p, what);
         self.launch(
             k.route,
             (1, 1),
@@ -339,7 +347,7 @@ impl Backend for GpuBackend {
         if act.is_quantized() {
             gemm(k.quant1, rows(plan.m), "moe_quant1")?;
         }
-        gemm(
+        stage(
             k.stage1,
             (tiles, c.intermediate_size.div_ceil(n1) as u32),
             "moe_stage1",
@@ -350,7 +358,7 @@ impl Backend for GpuBackend {
         if act.is_quantized() {
             gemm(k.quant2, rows(pairs), "moe_quant2")?;
         }
-        gemm(
+        stage(
             k.stage2,
             (tiles, c.hidden_size.div_ceil(n2) as u32),
             "moe_stage2",
@@ -446,6 +454,7 @@ fn default_spec() -> spec::KernelSpec {
         router_weight_on_input: false,
         has_mask: false,
         fp8_fnuz: false,
+        split_k: [8, 8],
     }
 }
 

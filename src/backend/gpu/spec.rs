@@ -7,6 +7,11 @@ use crate::moe::MoeLaunch;
 use crate::tensor::{ElemType, Tensor};
 use crate::types::{ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
+/// Steps of the stream family's per-warp weight ring (`SW_NSTAGE`).
+pub const STREAM_STAGES: usize = 4;
+/// Warps of every GEMM block (`THREADS` / 32 in kernels/moe_common.cuh).
+const GEMM_WARPS: usize = 8;
+
 /// A GEMM family of kernels/fused_moe.cu (`FAMILY_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
@@ -40,15 +45,6 @@ impl Family {
             Family::Fp32 | Family::Tile32 => 32,
         }
     }
-
-    /// Weight rows (output columns of the stage) one block of stage 1 / stage 2 covers.
-    pub fn block_columns(self) -> (usize, usize) {
-        match self {
-            Family::Fp32 => (64, 64),
-            Family::Tile32 => (64, 128),
-            Family::Stream => (16, 32),
-        }
-    }
 }
 
 /// Everything the compiled kernel is specialised for.
@@ -69,6 +65,9 @@ pub struct KernelSpec {
     pub has_mask: bool,
     /// fp8 weights (and fp8 activations) are e4m3fnuz.
     pub fp8_fnuz: bool,
+    /// Stream family: warps (of 8) splitting K in stage 1 and stage 2 (`SW_KW1`, `SW_KW2`);
+    /// the block holds 8 / kw row groups. Unused by the other families.
+    pub split_k: [u32; 2],
 }
 
 impl KernelSpec {
@@ -90,6 +89,28 @@ impl KernelSpec {
             router_weight_on_input: c.router_weight_on_input,
             has_mask: launch.expert_mask.is_some(),
             fp8_fnuz: launch.w13.elem == ElemType::Fp8E4m3fnuz,
+            split_k: [8, 8],
+        }
+    }
+
+    /// Dynamic shared memory of each GEMM block (`SW_RING_BYTES` of the stream family: per
+    /// warp and stage, 4 x 16 bytes per lane).
+    pub fn dynamic_shared_bytes(&self) -> usize {
+        match self.family {
+            Family::Stream => GEMM_WARPS * STREAM_STAGES * 4 * 32 * 16,
+            Family::Fp32 | Family::Tile32 => 0,
+        }
+    }
+
+    /// Output columns (weight rows) one block of stage 1 / stage 2 covers.
+    pub fn block_columns(&self) -> (usize, usize) {
+        match self.family {
+            Family::Fp32 => (64, 64),
+            Family::Tile32 => (64, 128),
+            Family::Stream => {
+                let groups = |kw: u32| 8 / kw.clamp(1, 8) as usize;
+                (16 * groups(self.split_k[0]), 32 * groups(self.split_k[1]))
+            }
         }
     }
 
@@ -102,7 +123,7 @@ impl KernelSpec {
             0
         };
         let b = |v: bool| v as i32;
-        vec![
+        let mut d = vec![
             format!("FAMILY={}", self.family as i32),
             format!("BM={}", self.family.tile_rows()),
             format!("WFMT={}", self.weight_format as i32),
@@ -118,7 +139,13 @@ impl KernelSpec {
             format!("RWOI={}", b(self.router_weight_on_input)),
             format!("HAS_MASK={}", b(self.has_mask)),
             format!("FP8_FNUZ={}", b(self.fp8_fnuz)),
-        ]
+        ];
+        if self.family == Family::Stream {
+            d.push(format!("SW_NSTAGE={STREAM_STAGES}"));
+            d.push(format!("SW_KW1={}", self.split_k[0]));
+            d.push(format!("SW_KW2={}", self.split_k[1]));
+        }
+        d
     }
 }
 
