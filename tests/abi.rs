@@ -186,20 +186,3 @@ fn header_version_macros_match_cargo_toml() {
         );
     }
 }
-
-/// The README's C example is real code: it compiles against the header and links.
-#[test]
-fn readme_c_example_builds() {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let start = readme.find("```c\n").expect("README has a C example") + 5;
-    let code = &readme[start..start + readme[start..].find("```").unwrap()];
-    let dir = scratch("readme_c");
-    std::fs::write(dir.join("example.c"), code).unwrap();
-    run(Command::new(c_compiler())
-        .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(dir.join("example"))
-        .arg("-I")
-        .arg(include_dir())
-        .arg(dir.join("example.c"))
-        .arg(library()));
-}
