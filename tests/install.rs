@@ -172,3 +172,82 @@ fn cmake_find_package_builds_the_readme_example() {
     run(Command::new(&cmake).arg("--build").arg(&build));
     assert_example_output(&run_against(&build.join("example"), &prefix));
 }
+
+/// The C++ consumer example: dlopen by soname, dlvsym at MOEPLUG_1.0, ABI and caps checks.
+fn assert_consumer_output(out: &str) {
+    assert!(
+        out.starts_with(&format!("loaded moeplug {}", env!("CARGO_PKG_VERSION")))
+            && out.contains(", ABI 1.0 (header 1.0)\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("device type 99: MOEPLUG_INVALID_ARGUMENT: moeplug_get_caps: device_type: unknown device_type 99"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("\ncpu: {}, runtime '", std::env::consts::ARCH))
+            && out.contains("gpt-oss MXFP4 layer supported"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\ncuda:0: unavailable (MOEPLUG_BACKEND_UNAVAILABLE: ")
+            || out.contains("\ncuda:0: sm_"),
+        "{out}"
+    );
+    assert!(out.trim_end().ends_with("consumer: OK"), "{out}");
+}
+
+#[test]
+fn cpp_consumer_dlopens_the_soname_and_checks_abi_and_caps() {
+    let prefix = install("cpp_consumer");
+    let dir = prefix.parent().unwrap().to_path_buf();
+    let cflags = run(Command::new("pkg-config")
+        .args(["--cflags", "moeplug"])
+        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")));
+    let exe = dir.join("consumer");
+    run(Command::new(cxx_compiler())
+        .args([
+            "-std=c++17",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-o",
+        ])
+        .arg(&exe)
+        .args(cflags.split_whitespace())
+        .arg(root().join("examples/cpp/consumer.cpp"))
+        .arg("-ldl"));
+    // Not linked: found by soname on the search path at run time.
+    let needed = run(Command::new("readelf").arg("-d").arg(&exe));
+    assert!(!needed.contains("libmoeplug"), "{needed}");
+    assert_consumer_output(&run_against(&exe, &prefix));
+
+    // Without the library on the search path it says so and fails.
+    let out = Command::new(&exe)
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("consumer: dlopen: libmoeplug.so.1: cannot open shared object file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn cpp_consumer_builds_with_cmake_headers_target() {
+    let prefix = install("cpp_consumer_cmake");
+    let build = prefix.parent().unwrap().join("build");
+    let cmake = std::env::var("CMAKE").unwrap_or_else(|_| "cmake".into());
+    run(Command::new(&cmake)
+        .arg("-S")
+        .arg(root().join("examples/cpp"))
+        .arg("-B")
+        .arg(&build)
+        .arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display()))
+        .env("CXX", cxx_compiler()));
+    run(Command::new(&cmake).arg("--build").arg(&build));
+    assert_consumer_output(&run_against(&build.join("consumer"), &prefix));
+}
