@@ -5,25 +5,13 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use common::*;
 
-fn interpreter() -> PathBuf {
-    if let Ok(p) = std::env::var("MOEPLUG_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let venv = root().join(".venv/bin/python");
-    if venv.exists() {
-        return venv;
-    }
-    PathBuf::from("python3")
-}
-
 #[test]
 fn python_package_tests() {
-    let python = interpreter();
+    let python = python_interpreter();
     let probe = Command::new(&python)
         .args(["-c", "import numpy, ml_dtypes, pytest"])
         .output();
