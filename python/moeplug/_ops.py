@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _abi
-from ._tensor import describe, is_torch, ptr, as_array
+from ._tensor import DLPackArray, as_array, describe, is_torch, ptr
 
 
 def _lib():
@@ -32,6 +32,12 @@ def _enum(table, value, what):
 def _empty_like(ref, shape, dtype=None):
     """An uninitialized array/tensor on the same library and device as `ref`."""
     shape = tuple(int(s) for s in shape)
+    if isinstance(ref, DLPackArray):
+        if not ref.is_host:  # moeplug cannot allocate another library's device memory
+            raise TypeError(f"an output for a DLPack array on device {ref.device} must be passed (out=...)")
+        if dtype is None and ref.dtype is None:
+            raise TypeError("an output of this DLPack dtype must be passed (out=...)")
+        return np.empty(shape, dtype=dtype if dtype is not None else ref.dtype)
     if is_torch(ref):
         import torch
 
