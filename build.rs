@@ -11,6 +11,8 @@ use std::path::PathBuf;
 
 /// The C surface: cbindgen reads this module and the modules it declares, not the whole crate.
 const CAPI_ROOT: &str = "src/capi/mod.rs";
+/// The ABI's enums and flags, shared by the core and the C surface.
+const VOCAB: &str = "src/vocab.rs";
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -21,6 +23,7 @@ fn main() {
     let patch = env::var("CARGO_PKG_VERSION_PATCH").unwrap();
 
     println!("cargo:rerun-if-changed=src/capi");
+    println!("cargo:rerun-if-changed={VOCAB}");
     println!("cargo:rerun-if-changed=cbindgen.toml");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=MOEPLUG_UPDATE_HEADER");
@@ -36,6 +39,7 @@ fn main() {
     ));
     let bindings = cbindgen::Builder::new()
         .with_config(config)
+        .with_src(manifest.join(VOCAB))
         .with_src(manifest.join(CAPI_ROOT))
         .generate()
         .expect("cbindgen failed to generate include/moeplug.h");

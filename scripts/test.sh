@@ -4,8 +4,8 @@
 #
 # usage: scripts/test.sh [cargo test arguments...]
 #
-# Set-up first: missing Debian tools are installed when run as root (else named), and ./.venv
-# is created from python/requirements-test.txt when it is missing or incomplete.
+# Set-up first (scripts/setup.sh): missing Debian tools are installed when run as root (else
+# named), and ./.venv is created from python/requirements-test.txt when missing or incomplete.
 # Every suite runs (--no-fail-fast); the last line sums them all:
 # `N passed, N failed, N skipped` (skipped: ignored Rust tests and skipped pytest tests, e.g.
 # the GPU ones on a machine without a GPU).
@@ -13,36 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-# System tools the C/C++/CMake and Python tests need; as root on Debian they are installed
-# (a fresh machine), otherwise they are named and the tests that need them fail.
-need=()
-command -v cc >/dev/null || need+=(gcc)
-command -v c++ >/dev/null || need+=(g++)
-command -v readelf >/dev/null || need+=(binutils)
-command -v pkg-config >/dev/null || need+=(pkg-config)
-command -v cmake >/dev/null || need+=(cmake)
-python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
-if [ ${#need[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "== apt-get install ${need[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
-  else
-    echo "warning: missing ${need[*]} (Debian packages): the tests that need them will fail" >&2
-  fi
-fi
-
-venv=.venv
-requirements=python/requirements-test.txt
-if ! "$venv/bin/python" -c 'import numpy, ml_dtypes, pytest' >/dev/null 2>&1; then
-  echo "== creating $venv ($requirements)"
-  rm -rf "$venv"
-  python3 -m venv "$venv" &&
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements" || {
-    echo "scripts/test.sh: could not create $venv" >&2
-    echo "0 passed, 1 failed"
-    exit 1
-  }
-fi
+scripts/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
 
 log=$(mktemp) junit=$(mktemp --suffix=.xml)
 trap 'rm -f "$log" "$junit"' EXIT

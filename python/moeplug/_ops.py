@@ -1,4 +1,4 @@
-"""The prep and fused_moe calls (API.md §4–7), one to one with the C functions."""
+"""The prep and fused_moe calls (docs/abi.md §7–§10), one to one with the C functions."""
 
 from __future__ import annotations
 
@@ -242,7 +242,7 @@ def _fused_args(hidden_states, prepared, topk_weights, topk_ids, activation, alp
         alpha=float(alpha),
         limit=float(limit),
         act_dtype=_enum(ACT_DTYPES, act_dtype, "act_dtype"),
-        flags=(1 << 3) if router_weight_on_input else 0,
+        flags=_abi.MOE_FLAGS["router_weight_on_input"] if router_weight_on_input else 0,
     )
     for k, v in tensors.items():
         d = describe(v, k, writable=(k == "output"))
@@ -252,7 +252,7 @@ def _fused_args(hidden_states, prepared, topk_weights, topk_ids, activation, alp
 
 
 def fused_moe(hidden_states, prepared, topk_weights, topk_ids, *, activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, expert_mask=None, num_local_tokens=None, hidden_scale=None, out=None, workspace=None, stream=None):
-    """out[t] = Σ_s w[t,s] · act(x_t W13[e]ᵀ + b13) W2[e]ᵀ + b2 (API.md §6); returns `out`."""
+    """out[t] = Σ_s w[t,s] · act(x_t W13[e]ᵀ + b13) W2[e]ᵀ + b2 (docs/abi.md §9); returns `out`."""
     hidden_states = as_array(hidden_states)
     if out is None:
         out = _empty_like(hidden_states, hidden_states.shape)
@@ -312,7 +312,7 @@ def check_fused_moe(prepared_or_layout, *, device="cpu", activation="silu", alph
         alpha=float(alpha),
         limit=float(limit),
         act_dtype=_enum(ACT_DTYPES, act_dtype, "act_dtype"),
-        flags=(1 << 3) if router_weight_on_input else 0,
+        flags=_abi.MOE_FLAGS["router_weight_on_input"] if router_weight_on_input else 0,
     )
     if expert_mask:
         args.expert_mask = ctypes.pointer(dummy)

@@ -13,7 +13,7 @@ try:  # ml_dtypes gives NumPy the low-precision float types
 except ImportError:  # pragma: no cover - exercised only without ml_dtypes
     _mld = None
 
-DEVICE_CPU, DEVICE_CUDA, DEVICE_ROCM = 1, 2, 10
+DEVICE_CPU, DEVICE_CUDA, DEVICE_ROCM = (_abi.DEVICE_TYPES[d] for d in ("cpu", "cuda", "rocm"))
 
 # DLPack (code, bits) of each NumPy dtype moeplug reads.
 _NUMPY_CODES = {

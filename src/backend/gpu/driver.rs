@@ -183,18 +183,7 @@ pub fn load(vendor: Vendor) -> Result<Api> {
                     cuModuleGetFunction: drv.get("cuModuleGetFunction")?,
                     cuLaunchKernel: drv.get("cuLaunchKernel")?,
                     cuGetErrorName: drv.get("cuGetErrorName")?,
-                    rtc: Rtc {
-                        library: rtc.name.clone(),
-                        nvrtcVersion: rtc.get("nvrtcVersion")?,
-                        nvrtcGetErrorString: rtc.get("nvrtcGetErrorString")?,
-                        nvrtcCreateProgram: rtc.get("nvrtcCreateProgram")?,
-                        nvrtcCompileProgram: rtc.get("nvrtcCompileProgram")?,
-                        nvrtcGetProgramLogSize: rtc.get("nvrtcGetProgramLogSize")?,
-                        nvrtcGetProgramLog: rtc.get("nvrtcGetProgramLog")?,
-                        nvrtcGetCUBINSize: rtc.get("nvrtcGetCUBINSize")?,
-                        nvrtcGetCUBIN: rtc.get("nvrtcGetCUBIN")?,
-                        nvrtcDestroyProgram: rtc.get("nvrtcDestroyProgram")?,
-                    },
+                    rtc: nv_rtc(&rtc)?,
                 })
             }
         }
@@ -338,11 +327,23 @@ impl Api {
 
     /// An RTC result: non-zero → COMPILE_ERROR with the compiler's error string.
     pub fn rtc_check(&self, code: c_int, call: &str) -> Result<()> {
+        self.rtc.check(code, call)
+    }
+
+    /// (major, minor) of the run-time compiler.
+    pub fn rtc_version(&self) -> Result<(i32, i32)> {
+        self.rtc.version()
+    }
+}
+
+impl Rtc {
+    /// An RTC result: non-zero → COMPILE_ERROR with the compiler's error string.
+    pub fn check(&self, code: c_int, call: &str) -> Result<()> {
         if code == 0 {
             return Ok(());
         }
         // SAFETY: returns a static string (or NULL).
-        let p = unsafe { (self.rtc.nvrtcGetErrorString)(code) };
+        let p = unsafe { (self.nvrtcGetErrorString)(code) };
         let s = if p.is_null() {
             format!("error {code}")
         } else {
@@ -355,12 +356,42 @@ impl Api {
     }
 
     /// (major, minor) of the run-time compiler.
-    pub fn rtc_version(&self) -> Result<(i32, i32)> {
+    pub fn version(&self) -> Result<(i32, i32)> {
         let (mut a, mut b) = (0, 0);
-        self.rtc_check(
-            unsafe { (self.rtc.nvrtcVersion)(&mut a, &mut b) },
+        // SAFETY: two valid out-pointers.
+        self.check(
+            unsafe { (self.nvrtcVersion)(&mut a, &mut b) },
             "nvrtcVersion",
         )?;
         Ok((a, b))
     }
+}
+
+/// NVRTC alone, without a driver or a GPU: enough to compile and inspect the kernels (the
+/// compile check of CI and `tests/kernel_compile.rs`).
+pub fn load_nvrtc() -> Result<Rtc> {
+    let rtc = Library::open_any(&NVRTC_NAMES).map_err(|e| {
+        Error::unavailable(format!(
+            "NVRTC (libnvrtc.so.13/.12/.11.2/libnvrtc.so) could not be loaded: {e}"
+        ))
+    })?;
+    // SAFETY: NVRTC's documented signatures, as in `load`.
+    unsafe { nv_rtc(&rtc) }
+}
+
+/// # Safety
+/// The types are NVRTC's documented signatures.
+unsafe fn nv_rtc(rtc: &Library) -> Result<Rtc> {
+    Ok(Rtc {
+        library: rtc.name.clone(),
+        nvrtcVersion: rtc.get("nvrtcVersion")?,
+        nvrtcGetErrorString: rtc.get("nvrtcGetErrorString")?,
+        nvrtcCreateProgram: rtc.get("nvrtcCreateProgram")?,
+        nvrtcCompileProgram: rtc.get("nvrtcCompileProgram")?,
+        nvrtcGetProgramLogSize: rtc.get("nvrtcGetProgramLogSize")?,
+        nvrtcGetProgramLog: rtc.get("nvrtcGetProgramLog")?,
+        nvrtcGetCUBINSize: rtc.get("nvrtcGetCUBINSize")?,
+        nvrtcGetCUBIN: rtc.get("nvrtcGetCUBIN")?,
+        nvrtcDestroyProgram: rtc.get("nvrtcDestroyProgram")?,
+    })
 }

@@ -422,15 +422,15 @@ pub fn run(device: Device) -> Result<(), String> {
         for s in 0..k {
             let ex = ids[tk * k + s] as usize;
             let mut a = vec![0f64; i];
-            for j in 0..i {
+            for (j, aj) in a.iter_mut().enumerate() {
                 let row = |r: usize| -> f64 {
                     let w = &w13f[(ex * 2 * i + r) * h..][..h];
                     let dot: f64 = (0..h).map(|c| x[tk * h + c].to_f64() * w[c]).sum();
                     dot + b13[ex * 2 * i + r] as f64
                 };
                 // gpt-oss order: row 2j is gate j, row 2j+1 is up j.
-                a[j] = swiglu(row(2 * j), row(2 * j + 1));
-                a[j] = bf16::from_f64(a[j]).to_f64(); // the stage-1 output is bf16, as in AITER
+                let v = swiglu(row(2 * j), row(2 * j + 1));
+                *aj = bf16::from_f64(v).to_f64(); // the stage-1 output is bf16, as in AITER
             }
             for c in 0..h {
                 let w = &w2f[(ex * h + c) * i..][..i];
