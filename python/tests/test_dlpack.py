@@ -46,10 +46,10 @@ def test_prep_on_a_dlpack_producer_equals_the_numpy_call():
 
 def test_fused_moe_takes_dlpack_routing_tensors():
     rng = np.random.default_rng(2)
-    E, H, I, M, K = 4, 256, 256, 5, 2
+    E, H, INTER, M, K = 4, 256, 256, 5, 2
     bf16 = ml_dtypes.bfloat16
-    w13 = (rng.standard_normal((E, 2 * I, H)) * 0.1).astype(bf16)
-    w2 = (rng.standard_normal((E, H, I)) * 0.1).astype(bf16)
+    w13 = (rng.standard_normal((E, 2 * INTER, H)) * 0.1).astype(bf16)
+    w2 = (rng.standard_normal((E, H, INTER)) * 0.1).astype(bf16)
     p = moeplug.prepare_moe(w13, w2, weight_format="bf16")
     x = rng.standard_normal((M, H)).astype(bf16)
     ids = rng.integers(0, E, (M, K), dtype=np.int32)

@@ -12,7 +12,7 @@ import pytest
 import moeplug
 
 PYTHON_DIR = Path(__file__).resolve().parents[1]
-E, H, I, M, K = 4, 256, 256, 5, 2
+E, H, INTER, M, K = 4, 256, 256, 5, 2
 
 
 def _info(*args):
@@ -53,8 +53,8 @@ def test_info_text_and_bad_arguments():
 def layer():
     rng = np.random.default_rng(7)
     bf16 = ml_dtypes.bfloat16
-    w13 = (rng.standard_normal((E, 2 * I, H)) * 0.1).astype(bf16)
-    w2 = (rng.standard_normal((E, H, I)) * 0.1).astype(bf16)
+    w13 = (rng.standard_normal((E, 2 * INTER, H)) * 0.1).astype(bf16)
+    w2 = (rng.standard_normal((E, H, INTER)) * 0.1).astype(bf16)
     p = moeplug.prepare_moe(w13, w2, weight_format="bf16")
     x = rng.standard_normal((M, H)).astype(bf16)
     ids = np.array([[0, 1], [2, 3], [1, 0], [3, 2], [0, 2]], np.int32)

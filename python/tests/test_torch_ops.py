@@ -12,14 +12,14 @@ if not hasattr(torch.library, "custom_op"):
 import moeplug  # noqa: E402
 import moeplug.torch as mt  # noqa: E402
 
-E, H, I, M, K = 4, 256, 256, 7, 2
+E, H, INTER, M, K = 4, 256, 256, 7, 2
 
 
 @pytest.fixture(scope="module")
 def layer():
     g = torch.Generator().manual_seed(5)
-    w13 = (torch.randn(E, 2 * I, H, generator=g) * 0.1).to(torch.bfloat16)
-    w2 = (torch.randn(E, H, I, generator=g) * 0.1).to(torch.bfloat16)
+    w13 = (torch.randn(E, 2 * INTER, H, generator=g) * 0.1).to(torch.bfloat16)
+    w2 = (torch.randn(E, H, INTER, generator=g) * 0.1).to(torch.bfloat16)
     p = moeplug.prepare_moe(w13, w2, weight_format="bf16")
     x = torch.randn(M, H, generator=g).to(torch.bfloat16)
     ids = torch.randint(0, E, (M, K), generator=g, dtype=torch.int32)
