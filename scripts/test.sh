@@ -14,6 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
+venv=.venv  # made by scripts/setup.sh
 
 log=$(mktemp) junit=$(mktemp --suffix=.xml)
 trap 'rm -f "$log" "$junit"' EXIT
