@@ -1014,6 +1014,23 @@ moeplug_status moeplug_prepare_moe_sizes(const struct moeplug_prepare_moe_args *
  */
 moeplug_status moeplug_prepare_moe(const struct moeplug_prepare_moe_args *args, void *stream);
 
+/* Function-pointer types of every export, for dlvsym(handle, name, "MOEPLUG_1.0"). */
+typedef const char * (*moeplug_last_error_fn)(void);
+typedef const char * (*moeplug_status_name_fn)(int32_t status);
+typedef uint32_t (*moeplug_abi_version_fn)(void);
+typedef const char * (*moeplug_version_fn)(void);
+typedef moeplug_status (*moeplug_get_caps_fn)(int32_t device_type, int32_t device_id, struct moeplug_caps *out);
+typedef moeplug_status (*moeplug_check_fused_moe_fn)(int32_t device_type, int32_t device_id, const struct moeplug_fused_moe_args *args);
+typedef moeplug_status (*moeplug_fused_moe_workspace_size_fn)(const struct moeplug_fused_moe_args *args, size_t *bytes);
+typedef moeplug_status (*moeplug_fused_moe_fn)(const struct moeplug_fused_moe_args *args);
+typedef moeplug_status (*moeplug_shuffle_weight_fn)(const struct moeplug_shuffle_weight_args *args, void *stream);
+typedef moeplug_status (*moeplug_shuffle_scale_fn)(const struct moeplug_shuffle_scale_args *args, void *stream);
+typedef moeplug_status (*moeplug_pad_weights_fn)(const struct moeplug_pad_weights_args *args, void *stream);
+typedef moeplug_status (*moeplug_swizzle_scale_fn)(const struct moeplug_swizzle_scale_args *args, void *stream);
+typedef moeplug_status (*moeplug_quantize_mx_fn)(const struct moeplug_quantize_mx_args *args, void *stream);
+typedef moeplug_status (*moeplug_prepare_moe_sizes_fn)(const struct moeplug_prepare_moe_args *args, struct moeplug_prepare_moe_sizes_out *out);
+typedef moeplug_status (*moeplug_prepare_moe_fn)(const struct moeplug_prepare_moe_args *args, void *stream);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus
