@@ -56,7 +56,15 @@
 #if !defined(SW_NSTAGE) || SW_NSTAGE < 2
 #error "SW_NSTAGE: stages of the weight ring, set by the host"
 #endif
-#define SW_RING_BYTES (SW_WARPS * SW_NSTAGE * 4 * 32 * 16)
+// Per lane and stage: 4 weight packs (2 tiles x rows gid, gid + 8), then the activations of
+// the same k for each 8-token column tile (16 bytes; MXFP4: 32 bf16 values = 4 x 16 bytes).
+#if WFMT == WF_MXFP4
+#define SW_XPACKS 4
+#else
+#define SW_XPACKS 1
+#endif
+#define SW_SLOTS (4 + SW_SUBS * SW_XPACKS)  // 16-byte slots per lane and stage
+#define SW_RING_BYTES (SW_WARPS * SW_NSTAGE * SW_SLOTS * 32 * 16)
 // fp8: scales that vary along K fold into the sums per step.
 #define SW_FOLD (SW_FP8 && (WFMT == WF_FP8_BLOCK128 || ACT_Q == AD_FP8_BLOCK128))
 
@@ -135,7 +143,7 @@ __device__ void moe_gemm_stream(const Params& p) {
   static_assert(sizeof(float) * RW * KW * 2 * 16 * SW_TLD <= SW_RING_BYTES,
                 "the partial sums reuse the ring");
   extern __shared__ __align__(16) unsigned char sw_smem[];  // SW_RING_BYTES (host: spec)
-  uint4* ring = (uint4*)sw_smem;                            // [warp][stage][t*2+h][lane]
+  uint4* ring = (uint4*)sw_smem;                            // [warp][stage][slot][lane]
   auto red = (float(*)[KW][2][16][SW_TLD])sw_smem;          // [RW][KW][..] after the loop
   __shared__ int s_row[BM];
   int tile = blockIdx.x;
@@ -209,58 +217,99 @@ __device__ void moe_gemm_stream(const Params& p) {
 
   // The ring: step st of this warp goes to stage (st / KW) % SW_NSTAGE. MXFP4's e8m0 scale
   // bytes (4 per lane and step) come one step ahead in registers.
-  uint4* my_ring = ring + (i64)warp * SW_NSTAGE * 4 * 32 + lane;
+  uint4* my_ring = ring + (i64)warp * SW_NSTAGE * SW_SLOTS * 32 + lane;
   auto issue = [&](int st, int stage) {
     int c = st * 4 + tig;
     bool live = st < nsteps && c < nchunks;
+    uint4* slot = my_ring + stage * SW_SLOTS * 32;
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         bool ok = live && tile_ok[t];
-        sw_cp_async16(my_ring + (stage * 4 + t * 2 + h) * 32,
+        sw_cp_async16(slot + (t * 2 + h) * 32,
                       ok ? (const void*)(wrow[t][h] + (i64)c * 256) : (const void*)W, ok ? 16 : 0);
+      }
+#pragma unroll
+    for (int j = 0; j < SW_SUBS; ++j)
+#pragma unroll
+      for (int i = 0; i < SW_XPACKS; ++i) {
+        bool ok = live && j < nsub && xrow[j];
+        // this lane's pack of the activation row: 16 bytes (16-bit, fp8) or 64 (MXFP4)
+        const u8* src = ok ? xrow[j] + (i64)c * 16 * SW_XPACKS + i * 16 : W;
+        sw_cp_async16(slot + (4 + j * SW_XPACKS + i) * 32, src, ok ? 16 : 0);
       }
     sw_cp_async_commit();  // one group per step, empty ones too: the wait count stays exact
   };
-  u32 bcur[2][2], bnext[2][2];
-  auto scales = [&](int st, u32 (&b)[2][2]) {
-#if WFMT == WF_MXFP4
+  // Scales of a step, one step ahead in registers: MXFP4's e8m0 bytes of the lane's 4 rows;
+  // fp8's block-128 weight scale per tile and 1x128 activation scales of the C columns.
+  struct StepScales {
+    u32 mx[2][2];
+    float ws[2], as[SW_SUBS][2];
+  };
+  StepScales scur, snext;
+  auto scales = [&](int st, StepScales& sc) {
     int c = st * 4 + tig;
     bool live = st < nsteps && c < nchunks;
+#if WFMT == WF_MXFP4
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        b[t][h] = live && tile_ok[t]
-                      ? (u32)S[mx_scale_offset(e, row0[t] + gid + 8 * h, Nst, c, Kst / 32)]
-                      : 127u;
+        sc.mx[t][h] = live && tile_ok[t]
+                          ? (u32)S[mx_scale_offset(e, row0[t] + gid + 8 * h, Nst, c, Kst / 32)]
+                          : 127u;
 #endif
+#if SW_FOLD
+    // A step's 64 columns lie in one 128 block of K (the warp's 4 packs of 16).
+    int kblk = (st * SW_KSTEP) >> 7;
+    bool in = st < nsteps;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#if WFMT == WF_FP8_BLOCK128
+      int nb = (Nst + 127) >> 7, kbn = (Kst + 127) >> 7;
+      sc.ws[t] = in && tile_ok[t] ? ((const float*)S)[((i64)e * nb + (row0[t] >> 7)) * kbn + kblk]
+                                  : 0.0f;
+#else
+      sc.ws[t] = 1.0f;
+#endif
+    }
+#pragma unroll
+    for (int j = 0; j < SW_SUBS; ++j)
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+#if ACT_Q == AD_FP8_BLOCK128
+        sc.as[j][cc] = in && ascale[j][cc] ? ascale[j][cc][kblk] : 0.0f;
+#else
+        sc.as[j][cc] = 1.0f;
+#endif
+      }
+#endif
+    (void)live;
   };
 
 #pragma unroll
   for (int s0 = 0; s0 < SW_NSTAGE - 1; ++s0) issue(kw + s0 * KW, s0);
-  scales(kw, bcur);
+  scales(kw, scur);
   int stage = 0;
   for (int st = kw; st < nsteps; st += KW) {
     issue(st + (SW_NSTAGE - 1) * KW, (stage + SW_NSTAGE - 1) % SW_NSTAGE);
-    scales(st + KW, bnext);
+    scales(st + KW, snext);
     sw_cp_async_wait<SW_NSTAGE - 1>();  // this step's group has landed
     uint4 wcur[2][2];
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) wcur[t][h] = my_ring[(stage * 4 + t * 2 + h) * 32];
-    int c = st * 4 + tig;
-    bool live = c < nchunks;
-    i64 kb = (i64)c * 16;  // byte offset of this lane's pack in an activation row (16-bit / fp8)
+      for (int h = 0; h < 2; ++h) wcur[t][h] = my_ring[(stage * SW_SLOTS + t * 2 + h) * 32];
+    // activation pack i of column tile j (zeros where nothing was copied)
+    auto xpack = [&](int j, int i) { return my_ring[(stage * SW_SLOTS + 4 + j * SW_XPACKS + i) * 32]; };
 
 #if SW_FP8
     // Activation codes: 16 per lane and column tile, the same k as the weight pack.
     uint4 xb[SW_SUBS];
 #pragma unroll
     for (int j = 0; j < SW_SUBS; ++j)
-      xb[j] = j < nsub && live && xrow[j] ? *(const uint4*)(xrow[j] + kb) : make_uint4(0u, 0u, 0u, 0u);
+      xb[j] = xpack(j, 0);
 #if SW_FOLD
     float part[2][SW_SUBS][4];
 #pragma unroll
@@ -287,31 +336,14 @@ __device__ void moe_gemm_stream(const Params& p) {
 #undef SW_ACC
 #if SW_FOLD
     {
-      // This step's 64 columns lie in one 128 block of K (the warp's 4 packs of 16).
-      int kblk = (st * SW_KSTEP) >> 7;
-      float ws[2];
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-#if WFMT == WF_FP8_BLOCK128
-        int nb = (Nst + 127) >> 7, kbn = (Kst + 127) >> 7;
-        ws[t] = tile_ok[t] ? ((const float*)S)[((i64)e * nb + (row0[t] >> 7)) * kbn + kblk] : 0.0f;
-#else
-        ws[t] = 1.0f;
-#endif
-      }
 #pragma unroll
       for (int j = 0; j < SW_SUBS; ++j) {
         if (j >= nsub) continue;
-        float as[2] = {1.0f, 1.0f};
-#if ACT_Q == AD_FP8_BLOCK128
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) as[cc] = ascale[j][cc] ? ascale[j][cc][kblk] : 0.0f;
-#endif
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
           for (int q = 0; q < 4; ++q)
-            acc[t][j][q] = fmaf(part[t][j][q], ws[t] * as[q & 1], acc[t][j][q]);
+            acc[t][j][q] = fmaf(part[t][j][q], scur.ws[t] * scur.as[j][q & 1], acc[t][j][q]);
       }
     }
 #endif
@@ -324,8 +356,8 @@ __device__ void moe_gemm_stream(const Params& p) {
     for (int t = 0; t < 2; ++t)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        sw_mx_factors(bcur[t][h], f1[t][h], f2[t][h]);
-        twice |= bcur[t][h] > 128u;
+        sw_mx_factors(scur.mx[t][h], f1[t][h], f2[t][h]);
+        twice |= scur.mx[t][h] > 128u;
       }
     twice = __any_sync(0xffffffffu, twice);
 #pragma unroll
@@ -333,8 +365,7 @@ __device__ void moe_gemm_stream(const Params& p) {
       uint4 xv[SW_SUBS];
 #pragma unroll
       for (int j = 0; j < SW_SUBS; ++j)
-        xv[j] = j < nsub && live && xrow[j] ? *(const uint4*)(xrow[j] + (i64)c * 64 + i * 16)
-                                            : make_uint4(0u, 0u, 0u, 0u);
+        xv[j] = xpack(j, i);
 #pragma unroll
       for (int s2 = 0; s2 < 2; ++s2) {  // MMA step: code pairs P = 2 s2, 2 s2 + 1
         u32 a[2][2][2];  // [tile][half][pair]
@@ -371,7 +402,7 @@ __device__ void moe_gemm_stream(const Params& p) {
     uint4 xb[SW_SUBS];
 #pragma unroll
     for (int j = 0; j < SW_SUBS; ++j)
-      xb[j] = j < nsub && live && xrow[j] ? *(const uint4*)(xrow[j] + kb) : make_uint4(0u, 0u, 0u, 0u);
+      xb[j] = xpack(j, 0);
 #pragma unroll
     for (int s = 0; s < 2; ++s)
 #pragma unroll
@@ -384,10 +415,7 @@ __device__ void moe_gemm_stream(const Params& p) {
                  sw_word(xb[j], 2 * s), sw_word(xb[j], 2 * s + 1));
       }
 #endif
-#pragma unroll
-    for (int t = 0; t < 2; ++t)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) bcur[t][h] = bnext[t][h];
+    scur = snext;
     stage = stage + 1 == SW_NSTAGE ? 0 : stage + 1;
   }
   sw_cp_async_wait<0>();

@@ -83,3 +83,22 @@ fn every_selectable_kernel_compiles_without_spills() {
     println!("kernel compile check: {compiled} configurations compiled");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// `MOEPLUG_DUMP_CUBIN=/path/prefix cargo test --release --test kernel_compile dump -- --ignored`
+/// writes the cubin of `MOEPLUG_DUMP_DEFINES` (space-separated) for `MOEPLUG_COMPILE_CHECK_ARCHS`
+/// (one arch) to read with cuobjdump / nvdisasm.
+#[test]
+#[ignore]
+fn dump() {
+    let rtc = driver::load_nvrtc().expect("NVRTC");
+    let arch = std::env::var("MOEPLUG_COMPILE_CHECK_ARCHS").unwrap_or_else(|_| "sm_90".into());
+    let defines: Vec<String> = std::env::var("MOEPLUG_DUMP_DEFINES")
+        .expect("MOEPLUG_DUMP_DEFINES")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let c = cache::compile_check(&rtc, &arch, &defines).expect("compile");
+    let out = std::env::var("MOEPLUG_DUMP_CUBIN").expect("MOEPLUG_DUMP_CUBIN");
+    std::fs::write(format!("{out}.cubin"), &c.binary).unwrap();
+    println!("{}", c.log);
+}

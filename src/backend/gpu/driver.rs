@@ -306,9 +306,12 @@ impl Api {
         Ok(f)
     }
 
-    /// Allow `f` up to `bytes` of dynamic shared memory (above the 48 KiB default).
+    /// Allow `f` up to `bytes` of dynamic shared memory (above the 48 KiB default), and ask
+    /// for the largest shared-memory carveout so that several such blocks fit on an SM (the
+    /// default carveout may hold only one).
     pub fn set_max_dynamic_shared(&self, f: Handle, bytes: usize) -> Result<()> {
         const MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8; // CU_FUNC_ATTRIBUTE_*
+        const PREFERRED_SHARED_MEMORY_CARVEOUT: c_int = 9;
         let Some(set) = self.cuFuncSetAttribute else {
             return Err(Error::unsupported(format!(
                 "{} kernels cannot raise their shared memory limit here",
@@ -317,7 +320,10 @@ impl Api {
         };
         // SAFETY: `f` came from `function`; the attribute takes an int.
         let code = unsafe { set(f, MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as c_int) };
-        self.check(code, "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+        self.check(code, "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
+        // SAFETY: as above; 100 = percent of the unified L1/shared storage.
+        let code = unsafe { set(f, PREFERRED_SHARED_MEMORY_CARVEOUT, 100) };
+        self.check(code, "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)")
     }
 
     /// "CUDA_ERROR_INVALID_VALUE (1)" for a driver result code.

@@ -23,6 +23,14 @@ static PREFERENCE: Lazy<Option<Family>> = Lazy::new(|| {
         .and_then(|v| Family::from_name(v.trim()))
 });
 
+/// `MOEPLUG_STREAM_SPLIT_K=1|2|4|8`: a diagnostic override of the stream family's K split.
+static SPLIT_K_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| {
+    std::env::var("MOEPLUG_STREAM_SPLIT_K")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|kw| [1, 2, 4, 8].contains(kw))
+});
+
 /// "sm_90" -> 90.
 pub fn sm_version(arch: &str) -> Option<u32> {
     arch.strip_prefix("sm_").and_then(|v| v.parse().ok())
@@ -122,6 +130,9 @@ pub fn spec_for(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> KernelSp
                 tiles * l.hidden_size.div_ceil(32),
             ),
         ];
+        if let Some(kw) = *SPLIT_K_PREFERENCE {
+            spec.split_k = [kw, kw];
+        }
     }
     spec
 }

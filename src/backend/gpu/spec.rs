@@ -7,8 +7,15 @@ use crate::moe::MoeLaunch;
 use crate::tensor::{ElemType, Tensor};
 use crate::types::{ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
-/// Steps of the stream family's per-warp weight ring (`SW_NSTAGE`).
-pub const STREAM_STAGES: usize = 4;
+/// Steps of the stream family's per-warp weight + activation ring (`SW_NSTAGE`): MXFP4 holds
+/// 4x the activation bytes per step, so fewer of its steps fit two blocks per SM.
+pub fn stream_stages(format: WeightFormat) -> usize {
+    if format == WeightFormat::Mxfp4 {
+        2
+    } else {
+        4
+    }
+}
 /// Warps of every GEMM block (`THREADS` / 32 in kernels/moe_common.cuh).
 const GEMM_WARPS: usize = 8;
 
@@ -94,10 +101,15 @@ impl KernelSpec {
     }
 
     /// Dynamic shared memory of each GEMM block (`SW_RING_BYTES` of the stream family: per
-    /// warp and stage, 4 x 16 bytes per lane).
+    /// warp, stage and lane, 4 weight packs and the activation packs of each 8-token column
+    /// tile, 16 bytes each).
     pub fn dynamic_shared_bytes(&self) -> usize {
         match self.family {
-            Family::Stream => GEMM_WARPS * STREAM_STAGES * 4 * 32 * 16,
+            Family::Stream => {
+                let x_packs = if self.weight_format == WeightFormat::Mxfp4 { 4 } else { 1 };
+                let slots = 4 + (self.family.tile_rows() / 8) * x_packs;
+                GEMM_WARPS * stream_stages(self.weight_format) * slots * 32 * 16
+            }
             Family::Fp32 | Family::Tile32 => 0,
         }
     }
@@ -141,7 +153,7 @@ impl KernelSpec {
             format!("FP8_FNUZ={}", b(self.fp8_fnuz)),
         ];
         if self.family == Family::Stream {
-            d.push(format!("SW_NSTAGE={STREAM_STAGES}"));
+            d.push(format!("SW_NSTAGE={}", stream_stages(self.weight_format)));
             d.push(format!("SW_KW1={}", self.split_k[0]));
             d.push(format!("SW_KW2={}", self.split_k[1]));
         }
