@@ -9,5 +9,5 @@ shift || true
 for v in "${variants[@]}"; do
   echo "=== variant: $v"
   env $v timeout 150 python3 .peers/bench_peer.py --peers moeplug --budget-s 120 "$@" 2>&1 \
-    | sed -n '/^case /,$p' | awk '{print $1, $2, $5, $8}' | column -t
+    | sed -n '/^case /,$p' | awk '{print $1, $2, $5, $8}'
 done

@@ -6,10 +6,12 @@
 // sorted tile, per row group: KW of the 8 warps split K (warp w takes the 4-pack steps w,
 // w + KW, ...), the block holds 8 / KW row groups (fewer, longer K walks when K is short);
 // the partial sums are added in warp order through shared memory (deterministic). Every weight
-// byte of a touched expert is read once per sorted tile, by 16-byte cp.async copies into a
-// per-warp ring in shared memory, SW_NSTAGE - 1 steps ahead of the MMAs (the F1 layout stores
-// 16 rows x one 16-byte pack as 256 contiguous bytes, and lane (gid, tig) takes rows gid and
-// gid + 8 of pack tig, so a warp's copies of a step cover 1 KiB per 16-row tile).
+// byte of a touched expert is read once per sorted tile, by 16-byte loads straight into
+// registers one step ahead of the MMAs, with the step's activations and scales (the F1
+// layout stores 16 rows x one 16-byte pack as 256 contiguous bytes, and lane (gid, tig) takes
+// rows gid and gid + 8 of pack tig, so a warp's loads of a step cover 1 KiB per 16-row tile).
+// A cp.async ring through shared memory (4 stages) measured 1.5-2x slower than this on the
+// H200 (bench/NOTES.md).
 //
 // The k order inside an MMA is free as long as both operands use the same one: a lane's
 // weight registers hold the consecutive k of its pack, and its activation registers are
@@ -50,36 +52,25 @@
 #error "FAMILY_STREAM: fp8 weights run with fp8 activations"
 #endif
 #define SW_KSTEP (4 * SW_VALS)  // K columns per warp step (4 lanes per row)
-// SW_NSTAGE (-D, spec::STREAM_STAGES): steps of each warp's weight ring in dynamic shared
-// memory, filled by cp.async; SW_NSTAGE - 1 steps stay in flight while one is computed.
-// A lane reads back only the 4 x 16 bytes it copied itself, so the ring needs no barrier.
-#if !defined(SW_NSTAGE) || SW_NSTAGE < 2
-#error "SW_NSTAGE: stages of the weight ring, set by the host"
-#endif
-// Per lane and stage: 4 weight packs (2 tiles x rows gid, gid + 8), then the activations of
-// the same k for each 8-token column tile (16 bytes; MXFP4: 32 bf16 values = 4 x 16 bytes).
+// Activation packs (16 bytes) per lane, step and 8-token column tile: 16-bit and fp8 take one
+// (prefetched with the weights), MXFP4's 32 bf16 values take four (loaded in the step: the
+// registers of a second set would not fit two blocks per SM).
 #if WFMT == WF_MXFP4
 #define SW_XPACKS 4
 #else
 #define SW_XPACKS 1
 #endif
-#define SW_SLOTS (4 + SW_SUBS * SW_XPACKS)  // 16-byte slots per lane and stage
-#define SW_RING_BYTES (SW_WARPS * SW_NSTAGE * SW_SLOTS * 32 * 16)
 // fp8: scales that vary along K fold into the sums per step.
 #define SW_FOLD (SW_FP8 && (WFMT == WF_FP8_BLOCK128 || ACT_Q == AD_FP8_BLOCK128))
 
-// 16 bytes global -> shared without registers (L1 bypassed: weights are read once); `bytes` 0
-// writes zeros and reads nothing.
-__device__ __forceinline__ void sw_cp_async16(void* dst, const void* src, int bytes) {
-  u32 d = (u32)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
+// 16 bytes of a stream read once (weights): not kept in L1.
+__device__ __forceinline__ uint4 sw_load_stream(const u8* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
 }
-__device__ __forceinline__ void sw_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void sw_cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-
 __device__ __forceinline__ u32 sw_word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant
 }
@@ -140,11 +131,7 @@ template <bool GATED>
 __device__ void moe_gemm_stream(const Params& p) {
   // KW warps split K; RW = 8 / KW row groups (32 weight rows each) per block.
   constexpr int KW = GATED ? SW_KW1 : SW_KW2, RW = SW_WARPS / KW;
-  static_assert(sizeof(float) * RW * KW * 2 * 16 * SW_TLD <= SW_RING_BYTES,
-                "the partial sums reuse the ring");
-  extern __shared__ __align__(16) unsigned char sw_smem[];  // SW_RING_BYTES (host: spec)
-  uint4* ring = (uint4*)sw_smem;                            // [warp][stage][slot][lane]
-  auto red = (float(*)[KW][2][16][SW_TLD])sw_smem;          // [RW][KW][..] after the loop
+  __shared__ float red[RW][KW][2][16][SW_TLD];
   __shared__ int s_row[BM];
   int tile = blockIdx.x;
   if (tile >= *(const int*)p.total_tiles) return;  // empty tile: exit before any load
@@ -215,31 +202,29 @@ __device__ void moe_gemm_stream(const Params& p) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[t][j][c] = 0.0f;
 
-  // The ring: step st of this warp goes to stage (st / KW) % SW_NSTAGE. MXFP4's e8m0 scale
-  // bytes (4 per lane and step) come one step ahead in registers.
-  uint4* my_ring = ring + (i64)warp * SW_NSTAGE * SW_SLOTS * 32 + lane;
-  auto issue = [&](int st, int stage) {
+  // What one step of this lane reads, loaded one step ahead: weight packs (tile t, row
+  // gid + 8 h) and, except for MXFP4, the activation pack of each column tile.
+  struct StepLoads {
+    uint4 w[2][2];
+#if SW_XPACKS == 1
+    uint4 x[SW_SUBS];
+#endif
+  };
+  auto load = [&](int st, StepLoads& l) {
     int c = st * 4 + tig;
-    bool live = st < nsteps && c < nchunks;
-    uint4* slot = my_ring + stage * SW_SLOTS * 32;
+    bool live = c < nchunks;
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        bool ok = live && tile_ok[t];
-        sw_cp_async16(slot + (t * 2 + h) * 32,
-                      ok ? (const void*)(wrow[t][h] + (i64)c * 256) : (const void*)W, ok ? 16 : 0);
-      }
+      for (int h = 0; h < 2; ++h)
+        l.w[t][h] = live && tile_ok[t] ? sw_load_stream(wrow[t][h] + (i64)c * 256)
+                                       : make_uint4(0u, 0u, 0u, 0u);
+#if SW_XPACKS == 1
 #pragma unroll
     for (int j = 0; j < SW_SUBS; ++j)
-#pragma unroll
-      for (int i = 0; i < SW_XPACKS; ++i) {
-        bool ok = live && j < nsub && xrow[j];
-        // this lane's pack of the activation row: 16 bytes (16-bit, fp8) or 64 (MXFP4)
-        const u8* src = ok ? xrow[j] + (i64)c * 16 * SW_XPACKS + i * 16 : W;
-        sw_cp_async16(slot + (4 + j * SW_XPACKS + i) * 32, src, ok ? 16 : 0);
-      }
-    sw_cp_async_commit();  // one group per step, empty ones too: the wait count stays exact
+      l.x[j] = live && j < nsub && xrow[j] ? *(const uint4*)(xrow[j] + (i64)c * 16)
+                                           : make_uint4(0u, 0u, 0u, 0u);
+#endif
   };
   // Scales of a step, one step ahead in registers: MXFP4's e8m0 bytes of the lane's 4 rows;
   // fp8's block-128 weight scale per tile and 1x128 activation scales of the C columns.
@@ -288,28 +273,29 @@ __device__ void moe_gemm_stream(const Params& p) {
     (void)live;
   };
 
-#pragma unroll
-  for (int s0 = 0; s0 < SW_NSTAGE - 1; ++s0) issue(kw + s0 * KW, s0);
+  StepLoads cur, nxt;
+  if (kw < nsteps) load(kw, cur);
+#if !SW_FOLD
   scales(kw, scur);
-  int stage = 0;
+#endif
   for (int st = kw; st < nsteps; st += KW) {
-    issue(st + (SW_NSTAGE - 1) * KW, (stage + SW_NSTAGE - 1) % SW_NSTAGE);
+    if (st + KW < nsteps) load(st + KW, nxt);
+#if SW_FOLD
+    scales(st, scur);  // fp8 block scales: loaded in the step (registers for two sets spill)
+#else
     scales(st + KW, snext);
-    sw_cp_async_wait<SW_NSTAGE - 1>();  // this step's group has landed
-    uint4 wcur[2][2];
-#pragma unroll
-    for (int t = 0; t < 2; ++t)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) wcur[t][h] = my_ring[(stage * SW_SLOTS + t * 2 + h) * 32];
-    // activation pack i of column tile j (zeros where nothing was copied)
-    auto xpack = [&](int j, int i) { return my_ring[(stage * SW_SLOTS + 4 + j * SW_XPACKS + i) * 32]; };
+#endif
+    int c = st * 4 + tig;
+    bool live = c < nchunks;
+    const uint4(&wcur)[2][2] = cur.w;
+    (void)live;
 
 #if SW_FP8
     // Activation codes: 16 per lane and column tile, the same k as the weight pack.
     uint4 xb[SW_SUBS];
 #pragma unroll
     for (int j = 0; j < SW_SUBS; ++j)
-      xb[j] = xpack(j, 0);
+      xb[j] = cur.x[j];
 #if SW_FOLD
     float part[2][SW_SUBS][4];
 #pragma unroll
@@ -365,7 +351,8 @@ __device__ void moe_gemm_stream(const Params& p) {
       uint4 xv[SW_SUBS];
 #pragma unroll
       for (int j = 0; j < SW_SUBS; ++j)
-        xv[j] = xpack(j, i);
+        xv[j] = live && j < nsub && xrow[j] ? *(const uint4*)(xrow[j] + (i64)c * 64 + i * 16)
+                                            : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
       for (int s2 = 0; s2 < 2; ++s2) {  // MMA step: code pairs P = 2 s2, 2 s2 + 1
         u32 a[2][2][2];  // [tile][half][pair]
@@ -402,7 +389,7 @@ __device__ void moe_gemm_stream(const Params& p) {
     uint4 xb[SW_SUBS];
 #pragma unroll
     for (int j = 0; j < SW_SUBS; ++j)
-      xb[j] = xpack(j, 0);
+      xb[j] = cur.x[j];
 #pragma unroll
     for (int s = 0; s < 2; ++s)
 #pragma unroll
@@ -415,11 +402,11 @@ __device__ void moe_gemm_stream(const Params& p) {
                  sw_word(xb[j], 2 * s), sw_word(xb[j], 2 * s + 1));
       }
 #endif
+#if !SW_FOLD
     scur = snext;
-    stage = stage + 1 == SW_NSTAGE ? 0 : stage + 1;
+#endif
+    cur = nxt;
   }
-  sw_cp_async_wait<0>();
-  __syncthreads();  // every warp is done with the ring before it holds the partial sums
 
   // Partial sums of each warp -> shared; then each (row, token) of the block adds its KW
   // partials in warp order (deterministic).

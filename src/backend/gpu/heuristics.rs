@@ -8,7 +8,7 @@ use once_cell::sync::Lazy;
 use super::spec::{Family, KernelSpec};
 use crate::moe::check::LaunchShape;
 use crate::moe::MoeLaunch;
-use crate::types::{ActDtype, GateMode, WeightFormat, WeightLayout};
+use crate::types::{ActDtype, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
 /// Average (token, slot) pairs per local expert up to which the stream family runs: it reads
 /// each weight byte once per 16-pair tile, so up to two tiles per expert it moves the fewest
@@ -60,7 +60,9 @@ pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
     }
     let act16 = |a: ActDtype, f16: bool| spec.act_dtype == a && spec.in_f16 == f16;
     let format_ok = match spec.weight_format {
-        W::Bf16 | W::Mxfp4 => act16(A::Bf16, false),
+        W::Bf16 => act16(A::Bf16, false),
+        // The other MX scale layouts' addressing costs the registers of the decode (spills).
+        W::Mxfp4 => act16(A::Bf16, false) && spec.scale_layout == Some(ScaleLayout::AiterE8m0),
         W::Fp16 => act16(A::Fp16, true),
         W::Fp8PerTensor | W::Fp8PerChannel | W::Fp8Block128 => {
             if sm < 89 {

@@ -7,18 +7,6 @@ use crate::moe::MoeLaunch;
 use crate::tensor::{ElemType, Tensor};
 use crate::types::{ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
-/// Steps of the stream family's per-warp weight + activation ring (`SW_NSTAGE`): MXFP4 holds
-/// 4x the activation bytes per step, so fewer of its steps fit two blocks per SM.
-pub fn stream_stages(format: WeightFormat) -> usize {
-    if format == WeightFormat::Mxfp4 {
-        2
-    } else {
-        4
-    }
-}
-/// Warps of every GEMM block (`THREADS` / 32 in kernels/moe_common.cuh).
-const GEMM_WARPS: usize = 8;
-
 /// A GEMM family of kernels/fused_moe.cu (`FAMILY_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
@@ -100,18 +88,10 @@ impl KernelSpec {
         }
     }
 
-    /// Dynamic shared memory of each GEMM block (`SW_RING_BYTES` of the stream family: per
-    /// warp, stage and lane, 4 weight packs and the activation packs of each 8-token column
-    /// tile, 16 bytes each).
+    /// Dynamic shared memory of each GEMM block (none today: every family's shared memory
+    /// is static, under the 48 KiB default).
     pub fn dynamic_shared_bytes(&self) -> usize {
-        match self.family {
-            Family::Stream => {
-                let x_packs = if self.weight_format == WeightFormat::Mxfp4 { 4 } else { 1 };
-                let slots = 4 + (self.family.tile_rows() / 8) * x_packs;
-                GEMM_WARPS * stream_stages(self.weight_format) * slots * 32 * 16
-            }
-            Family::Fp32 | Family::Tile32 => 0,
-        }
+        0
     }
 
     /// Output columns (weight rows) one block of stage 1 / stage 2 covers.
@@ -153,7 +133,6 @@ impl KernelSpec {
             format!("FP8_FNUZ={}", b(self.fp8_fnuz)),
         ];
         if self.family == Family::Stream {
-            d.push(format!("SW_NSTAGE={}", stream_stages(self.weight_format)));
             d.push(format!("SW_KW1={}", self.split_k[0]));
             d.push(format!("SW_KW2={}", self.split_k[1]));
         }
