@@ -119,6 +119,7 @@ class Layout(_Sized):
         ("hidden_padded", c_int64),
         ("intermediate_padded", c_int64),
         ("flags", c_uint32),
+        ("reserved0", c_uint32),
     ]
 
 
@@ -223,8 +224,10 @@ PREPARED_OUTPUTS = ("w13", "w13_scale", "w13_bias", "w2", "w2_scale", "w2_bias")
 
 class PrepareMoeSizes(_Sized):
     _fields_ = [("struct_size", c_uint32)]
-    for _name in PREPARED_OUTPUTS:
-        _fields_ += [(_name + "_ndim", c_int32), (_name + "_shape", c_int64 * 4)]
+    for _i, _name in enumerate(PREPARED_OUTPUTS):
+        # reserved0..4: the header's explicit padding before each shape but the first.
+        _reserved = [(f"reserved{_i - 1}", c_uint32)] if _i else []
+        _fields_ += [(_name + "_ndim", c_int32), *_reserved, (_name + "_shape", c_int64 * 4)]
     _fields_ += [(_name + "_bytes", c_uint64) for _name in PREPARED_OUTPUTS]
     _fields_ += [("layout", Layout)]
 
