@@ -126,6 +126,7 @@ fn bench(mxfp4: bool, m: usize, rng: &mut Rng) -> (Duration, f64) {
         hidden_padded: H as i64,
         intermediate_padded: I as i64,
         flags: 0,
+        reserved0: 0,
     };
     let th = tensor(&mut hidden, &shapes[0], 4, 16);
     let tw13 = tensor(&mut w13, &shapes[1], w_code, w_bits);

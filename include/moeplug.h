@@ -562,6 +562,11 @@ typedef struct moeplug_layout {
    * `moeplug_layout_flag` bits.
    */
   uint32_t flags;
+  /**
+   * Reserved: written as zero, ignored when read (1.0 headers left these 4 bytes as
+   * implicit tail padding, so a record filled by hand may hold anything here).
+   */
+  uint32_t reserved0;
 } moeplug_layout;
 
 /**
@@ -823,21 +828,27 @@ typedef struct moeplug_prepare_moe_args {
 } moeplug_prepare_moe_args;
 
 /**
- * Shapes and bytes of each output of `moeplug_prepare_moe` (0-dim = absent).
+ * Shapes and bytes of each output of `moeplug_prepare_moe` (0-dim = absent). The
+ * `reserved*` fields (implicit padding in 1.0 headers) are written as zero.
  */
 typedef struct moeplug_prepare_moe_sizes_out {
   uint32_t struct_size;
   int32_t w13_ndim;
   int64_t w13_shape[4];
   int32_t w13_scale_ndim;
+  uint32_t reserved0;
   int64_t w13_scale_shape[4];
   int32_t w13_bias_ndim;
+  uint32_t reserved1;
   int64_t w13_bias_shape[4];
   int32_t w2_ndim;
+  uint32_t reserved2;
   int64_t w2_shape[4];
   int32_t w2_scale_ndim;
+  uint32_t reserved3;
   int64_t w2_scale_shape[4];
   int32_t w2_bias_ndim;
+  uint32_t reserved4;
   int64_t w2_bias_shape[4];
   uint64_t w13_bytes;
   uint64_t w13_scale_bytes;

@@ -454,3 +454,43 @@ fn python_mirror_matches_the_header_field_by_field() {
          mirror only: {extra:#?}"
     );
 }
+
+/// Every struct the library writes (docs/abi.md §5, "Output structs") is, as a C compiler lays
+/// it out, nothing but fields: each starts where the previous one ends and the last ends at
+/// `sizeof`. Padding would be bytes the library never writes, which reach engines that hash
+/// or compare records (the Rust side proves the same at compile time: `output!` in
+/// src/capi/args.rs).
+#[test]
+fn output_structs_have_no_implicit_padding() {
+    let facts = header_facts(&scratch("output_padding"));
+    for s in [
+        "moeplug_caps",
+        "moeplug_layout",
+        "moeplug_prepare_moe_sizes_out",
+    ] {
+        let size: usize = facts
+            .iter()
+            .find_map(|l| l.strip_prefix(&format!("struct {s} size ")))
+            .unwrap_or_else(|| panic!("{s} missing"))
+            .parse()
+            .unwrap();
+        // "field S.f offset O size N", in declaration order.
+        let mut end = 0;
+        for l in facts
+            .iter()
+            .filter_map(|l| l.strip_prefix(&format!("field {s}.")))
+        {
+            let w: Vec<&str> = l.split(' ').collect();
+            let (offset, len): (usize, usize) = (w[2].parse().unwrap(), w[4].parse().unwrap());
+            assert_eq!(
+                offset,
+                end,
+                "{s}: {} bytes of padding before {}",
+                offset - end,
+                w[0]
+            );
+            end = offset + len;
+        }
+        assert_eq!(end, size, "{s}: {} bytes of tail padding", size - end);
+    }
+}

@@ -28,6 +28,7 @@ fn layout() -> moeplug_layout {
         hidden_padded: 64,
         intermediate_padded: 32,
         flags: 0,
+        reserved0: 0,
     }
 }
 

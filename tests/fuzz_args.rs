@@ -132,6 +132,8 @@ fn rand_layout(rng: &mut Rng) -> moeplug_layout {
         hidden_padded: if rng.below(2) == 0 { h } else { size(rng) },
         intermediate_padded: if rng.below(2) == 0 { i } else { size(rng) },
         flags: rng.pick(&[0u32, 1, 2, 0xFFFF_FFFF]),
+        // Ignored when read: a 1.0 header left it padding.
+        reserved0: rng.pick(&[0u32, 0xAAAA_AAAA]),
     }
 }
 

@@ -2,12 +2,15 @@
 //! Each input struct is passed at its frozen 1.0 size, larger with a zero tail (also past
 //! 4096 bytes), larger with one non-zero tail byte, and below the 1.0 size; each output struct
 //! at its 1.0 size, larger, and below the 1.0 size, with guard bytes after the caller's size
-//! that must stay untouched. Every call is a real one (valid tensors), so "accepted" means
-//! "computed the same result", and "refused" means "wrote nothing".
+//! that must stay untouched, and over a 0xAA then a 0x55 fill (of the buffer and the stack
+//! under the call), which must not change a byte of what it writes. Every call is a real one
+//! (valid tensors), so "accepted" means "computed the same result", and "refused" means
+//! "wrote nothing".
 
 use std::ffi::CStr;
 use std::fmt::Debug;
-use std::mem::size_of;
+use std::mem::{offset_of, size_of};
+use std::ops::Range;
 use std::ptr;
 
 use moeplug::capi::types::*;
@@ -155,14 +158,86 @@ fn input_rule<T: Copy>(what: &str, value: &T, v1: u32, mut call: impl FnMut(*con
     assert!(short.untouched, "{what} short: outputs written on failure");
 }
 
+/// Overwrite the stack below the caller with `fill`, so that any byte the next call leaves
+/// unwritten in its own frames (padding of a struct it builds there) holds `fill`.
+#[inline(never)]
+fn paint_stack(fill: u8) {
+    let mut area = [fill; 1 << 16];
+    std::hint::black_box(&mut area);
+}
+
+/// Every byte an output call writes is determined by its inputs (docs/abi.md §5: engines hash
+/// and compare records): with the caller's buffer and the stack under the call pre-filled
+/// with 0xAA, then with 0x55, the `size` bytes written are identical, and `reserved` (byte
+/// ranges of reserved fields) are zero.
+fn output_is_deterministic<T>(
+    what: &str,
+    size: usize,
+    reserved: &[Range<usize>],
+    call: &mut impl FnMut(*mut T) -> (moeplug_status, String),
+) {
+    let mut results = vec![];
+    for fill in [0xAA, 0x55] {
+        let mut c = Caller::output(size);
+        c.bytes_mut()[4..size].fill(fill);
+        paint_stack(fill);
+        let (s, m) = call(c.ptr());
+        assert_eq!(s, moeplug_status::MoeplugOk, "{what} filled {fill:#x}: {m}");
+        results.push(c.bytes()[..size].to_vec());
+    }
+    if let Some(at) = (0..size).find(|&i| results[0][i] != results[1][i]) {
+        panic!(
+            "{what} (struct_size {size}): byte {at} is {:#04x} over a 0xAA fill and {:#04x} \
+             over a 0x55 fill: the library left it unwritten",
+            results[0][at], results[1][at]
+        );
+    }
+    for r in reserved.iter().filter(|r| r.end <= size) {
+        assert!(
+            results[0][r.clone()].iter().all(|&b| b == 0),
+            "{what} (struct_size {size}): reserved bytes {r:?} are {:?}, not zero",
+            &results[0][r.clone()]
+        );
+    }
+}
+
+/// The 4-byte field at `offset`.
+fn u32_at(offset: usize) -> Range<usize> {
+    offset..offset + 4
+}
+
+/// The reserved bytes of a `moeplug_layout` at `base`.
+fn reserved_layout(base: usize) -> Vec<Range<usize>> {
+    vec![u32_at(base + offset_of!(moeplug_layout, reserved0))]
+}
+
+/// The reserved bytes of `moeplug_prepare_moe_sizes_out`, its nested record's included.
+fn reserved_sizes_out() -> Vec<Range<usize>> {
+    type S = moeplug_prepare_moe_sizes_out;
+    let mut r = vec![
+        u32_at(offset_of!(S, reserved0)),
+        u32_at(offset_of!(S, reserved1)),
+        u32_at(offset_of!(S, reserved2)),
+        u32_at(offset_of!(S, reserved3)),
+        u32_at(offset_of!(S, reserved4)),
+    ];
+    r.extend(reserved_layout(offset_of!(S, layout)));
+    r
+}
+
 /// The output rule for the struct `what`: `call` runs the export writing into the pointer.
+/// `reserved` are the byte ranges of its reserved fields (always written as zero).
 fn output_rule<T: Copy + Debug>(
     what: &str,
     v1: u32,
+    reserved: &[Range<usize>],
     mut call: impl FnMut(*mut T) -> (moeplug_status, String),
 ) -> T {
     let known = size_of::<T>();
     let v1 = v1 as usize;
+    for size in [v1, known, known + 40] {
+        output_is_deterministic(what, size, reserved, &mut call);
+    }
     let mut reference = Caller::output(known);
     let (s, m) = call(reference.ptr());
     assert_eq!(s, moeplug_status::MoeplugOk, "{what}: {m}");
@@ -476,6 +551,7 @@ fn prepare_moe_sizes() {
     let sizes = output_rule(
         "out",
         MOEPLUG_PREPARE_MOE_SIZES_OUT_SIZE_V1_0,
+        &reserved_sizes_out(),
         |out: *mut moeplug_prepare_moe_sizes_out| {
             (
                 unsafe { moeplug_prepare_moe_sizes(&base, out) },
@@ -548,20 +624,25 @@ fn prepare_moe() {
     let mut a = base;
     a.out_w13 = &o13;
     a.out_w2 = &o2;
-    let layout = output_rule("out_layout", MOEPLUG_LAYOUT_SIZE_V1_0, |out| {
-        a.out_layout = out;
-        (
-            unsafe { moeplug_prepare_moe(&a, ptr::null_mut()) },
-            last_error(),
-        )
-    });
+    let layout = output_rule(
+        "out_layout",
+        MOEPLUG_LAYOUT_SIZE_V1_0,
+        &reserved_layout(0),
+        |out| {
+            a.out_layout = out;
+            (
+                unsafe { moeplug_prepare_moe(&a, ptr::null_mut()) },
+                last_error(),
+            )
+        },
+    );
     assert_eq!(layout.hidden_size, H as i64);
     assert_eq!(layout.num_experts, E as i32);
 }
 
 #[test]
 fn get_caps() {
-    let caps = output_rule("out", MOEPLUG_CAPS_SIZE_V1_0, |out| {
+    let caps = output_rule("out", MOEPLUG_CAPS_SIZE_V1_0, &[], |out| {
         (unsafe { moeplug_get_caps(1, 0, out) }, last_error())
     });
     assert_eq!(caps.backend, moeplug_backend::Cpu as i32);
@@ -684,4 +765,34 @@ fn fused_moe_workspace_size() {
 #[test]
 fn fused_moe() {
     launch_rules(Call::Launch);
+}
+
+/// `moeplug_layout.reserved0` was tail padding in the 1.0 header, so a hand-filled 1.0 record
+/// may hold anything there: a launch ignores it.
+#[test]
+fn layout_reserved_is_ignored_on_input() {
+    let mut m = moe();
+    let mut run = |reserved0: u32| {
+        let mut layout = m.prepared.layout;
+        layout.reserved0 = reserved0;
+        let mut out = Buf::filled(3 * H * 2, &[3, H], BF16);
+        let d = [
+            m.hidden.desc(),
+            m.prepared.w13.desc(),
+            m.prepared.w2.desc(),
+            m.weights.desc(),
+            m.ids.desc(),
+            out.desc(),
+        ];
+        let o = run_call(Call::Launch, &moe_args(&d, &layout), &out);
+        assert_eq!(
+            o.status,
+            moeplug_status::MoeplugOk,
+            "reserved0 {reserved0:#x}: {}",
+            o.message
+        );
+        assert!(!o.untouched, "reserved0 {reserved0:#x}: no output written");
+        o.produced
+    };
+    assert_eq!(run(0), run(0xFEFE_FEFE));
 }

@@ -114,7 +114,8 @@ class Caps:
 
 
 def _names(table: dict, mask: int, bits: bool = True) -> frozenset:
-    return frozenset(n for n, v in table.items() if mask & ((1 << v) if bits else v) and n != "cdna4")
+    """The header names (not the aliases) of the values set in `mask`."""
+    return frozenset(n for n, v in table.items() if mask & ((1 << v) if bits else v) and n not in _abi.ALIASES)
 
 
 def parse_device(device) -> tuple[int, int]:

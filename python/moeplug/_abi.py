@@ -36,6 +36,10 @@ ACTIVATIONS = {"silu": 1, "gelu": 2, "swiglu_oai": 3}
 WEIGHT_LAYOUTS = {"plain": 1, "aiter_16x16": 2}
 # "cdna4" is an alias the package accepts; the header knows the value as CDNA4_SWIZZLE.
 SCALE_LAYOUTS = {"plain": 1, "aiter_e8m0": 2, "cdna4_swizzle": 3, "cdna4": 3}
+# Names the package accepts beside the header's own, by the header name they stand for: a table
+# holding one maps two names to one value, so count its values with `bit_mask`, and skip these
+# names when a value is turned back into a name.
+ALIASES = {"cdna4": "cdna4_swizzle"}
 ROUND_MODES = {"down": 1, "up": 2, "even": 3, "ceil": 4}
 BACKENDS = {1: "cpu", 2: "cuda", 3: "hip"}
 DEVICE_TYPES = {"cpu": 1, "cuda": 2, "cuda_host": 3, "rocm": 10, "rocm_host": 11, "cuda_managed": 13}
@@ -119,6 +123,7 @@ class Layout(_Sized):
         ("hidden_padded", c_int64),
         ("intermediate_padded", c_int64),
         ("flags", c_uint32),
+        ("reserved0", c_uint32),
     ]
 
 
@@ -223,8 +228,10 @@ PREPARED_OUTPUTS = ("w13", "w13_scale", "w13_bias", "w2", "w2_scale", "w2_bias")
 
 class PrepareMoeSizes(_Sized):
     _fields_ = [("struct_size", c_uint32)]
-    for _name in PREPARED_OUTPUTS:
-        _fields_ += [(_name + "_ndim", c_int32), (_name + "_shape", c_int64 * 4)]
+    for _i, _name in enumerate(PREPARED_OUTPUTS):
+        # reserved0..4: the header's explicit padding before each shape but the first.
+        _reserved = [(f"reserved{_i - 1}", c_uint32)] if _i else []
+        _fields_ += [(_name + "_ndim", c_int32), *_reserved, (_name + "_shape", c_int64 * 4)]
     _fields_ += [(_name + "_bytes", c_uint64) for _name in PREPARED_OUTPUTS]
     _fields_ += [("layout", Layout)]
 
@@ -314,9 +321,16 @@ def load() -> ctypes.CDLL:
     return lib
 
 
-def _constants(prefix: str, values: dict, *, default: bool = False, aliases: tuple = ()) -> dict:
+def bit_mask(table: dict) -> int:
+    """Bit `1 << v` for each distinct non-zero value of an enum table: a caps mask with every
+    value of `table` set. Aliases share their value's bit (a sum over `.values()` would count it
+    twice)."""
+    return sum(1 << v for v in set(table.values()) if v)
+
+
+def _constants(prefix: str, values: dict, *, default: bool = False) -> dict:
     out = {f"{prefix}DEFAULT": 0} if default else {}
-    out.update({prefix + name.upper(): v for name, v in values.items() if name not in aliases})
+    out.update({prefix + name.upper(): v for name, v in values.items() if name not in ALIASES})
     return out
 
 
@@ -345,7 +359,7 @@ C_ENUMS = {
     "moeplug_gate_mode": _constants("MOEPLUG_GATE_MODE_", GATE_MODES, default=True),
     "moeplug_activation": _constants("MOEPLUG_ACTIVATION_", ACTIVATIONS, default=True),
     "moeplug_weight_layout": _constants("MOEPLUG_WEIGHT_LAYOUT_", WEIGHT_LAYOUTS, default=True),
-    "moeplug_scale_layout": _constants("MOEPLUG_SCALE_LAYOUT_", SCALE_LAYOUTS, default=True, aliases=("cdna4",)),
+    "moeplug_scale_layout": _constants("MOEPLUG_SCALE_LAYOUT_", SCALE_LAYOUTS, default=True),
     "moeplug_backend": {"MOEPLUG_BACKEND_NONE": 0, **{f"MOEPLUG_BACKEND_{n.upper()}": v for v, n in BACKENDS.items()}},
     "moeplug_round_mode": _constants("MOEPLUG_ROUND_MODE_", ROUND_MODES, default=True),
     "moeplug_feature": _constants("MOEPLUG_FEATURE_", FEATURES),

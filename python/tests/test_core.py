@@ -28,6 +28,35 @@ def test_cpu_caps():
     assert caps.arch
 
 
+# (caps field, package table): the CPU backend runs every value of each table.
+CAPS_TABLES = [
+    ("weight_formats", moeplug.WEIGHT_FORMATS),
+    ("act_dtypes", moeplug.ACT_DTYPES),
+    ("gate_modes", moeplug.GATE_MODES),
+    ("activations", moeplug.ACTIVATIONS),
+    ("weight_layouts", moeplug.WEIGHT_LAYOUTS),
+    ("scale_layouts", moeplug.SCALE_LAYOUTS),
+]
+
+
+@pytest.mark.parametrize("field,table", CAPS_TABLES, ids=[f for f, _ in CAPS_TABLES])
+def test_cpu_caps_masks_count_each_value_once(field, table):
+    raw = _abi.Caps()
+    moeplug._check(moeplug._library().moeplug_get_caps(1, 0, ctypes.byref(raw)))
+    # SCALE_LAYOUTS maps "cdna4" and "cdna4_swizzle" to 3: its mask is 0b1110, not 0b10110.
+    assert getattr(raw, field) == _abi.bit_mask(table)
+    names = getattr(moeplug.get_caps("cpu"), field)
+    assert names == {n for n, v in table.items() if v and n not in _abi.ALIASES}
+    assert _abi.bit_mask({n: table[n] for n in names}) == getattr(raw, field)
+
+
+def test_bit_mask_counts_an_alias_once():
+    assert _abi.bit_mask(moeplug.SCALE_LAYOUTS) == 0b1110
+    for alias, name in _abi.ALIASES.items():
+        holders = [t for _, t in CAPS_TABLES if alias in t]
+        assert holders and all(t[alias] == t[name] for t in holders), alias
+
+
 def test_cuda_caps_or_a_clear_error():
     try:
         caps = moeplug.get_caps("cuda:0")

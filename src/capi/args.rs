@@ -108,12 +108,79 @@ pub unsafe fn read_struct<T: Extensible>(ptr: *const T, name: &str) -> Result<T>
     Ok(value.assume_init())
 }
 
+/// An ABI struct the library writes. Every byte of it is a field (padding a C compiler would
+/// insert is a `reserved*` field instead), so a value built field by field has no
+/// indeterminate bytes for [`write_struct`] to copy out: the bytes a caller receives are a
+/// function of the call's inputs (docs/abi.md §5, "Output structs").
+///
+/// # Safety
+/// Implementors have no implicit padding: [`output!`] proves it at compile time.
+pub unsafe trait Output: Extensible {}
+
+/// Size of the field that `project` selects, for the padding proof of [`output!`].
+const fn field_size<T, F>(_project: fn(&T) -> &F) -> usize {
+    size_of::<F>()
+}
+
+/// `output!(S { f1, f2, ... })` implements [`Output`] for `S` after proving, at compile time,
+/// that the listed fields tile `S` exactly: each starts where the previous one ends and the
+/// last ends at `size_of::<S>()`. So the list is every field in declaration order, and `S`
+/// has no padding between or after them. A nested struct field must itself be [`Output`].
+macro_rules! output {
+    ($($t:ident { $($f:ident),+ $(,)? })+) => {
+        $(
+            unsafe impl Output for $t {}
+            const _: () = {
+                let mut end = 0;
+                $(
+                    assert!(
+                        std::mem::offset_of!($t, $f) == end,
+                        concat!(
+                            stringify!($t), ".", stringify!($f),
+                            ": not where the previous field ends (implicit padding, or a \
+                             field missing from the list): add a reserved field"
+                        )
+                    );
+                    end += field_size(|s: &$t| &s.$f);
+                )+
+                assert!(
+                    end == size_of::<$t>(),
+                    concat!(stringify!($t), ": implicit tail padding: add a reserved field")
+                );
+            };
+        )+
+    };
+}
+
+output!(
+    moeplug_caps {
+        struct_size, abi_version, device_type, device_id, backend, arch, runtime_version,
+        weight_formats, act_dtypes, gate_modes, activations, weight_layouts, scale_layouts,
+        features,
+    }
+    moeplug_layout {
+        struct_size, weight_format, gate_mode, weight_layout, scale_layout, num_experts,
+        hidden_size, intermediate_size, hidden_padded, intermediate_padded, flags, reserved0,
+    }
+    moeplug_prepare_moe_sizes_out {
+        struct_size,
+        w13_ndim, w13_shape,
+        w13_scale_ndim, reserved0, w13_scale_shape,
+        w13_bias_ndim, reserved1, w13_bias_shape,
+        w2_ndim, reserved2, w2_shape,
+        w2_scale_ndim, reserved3, w2_scale_shape,
+        w2_bias_ndim, reserved4, w2_bias_shape,
+        w13_bytes, w13_scale_bytes, w13_bias_bytes, w2_bytes, w2_scale_bytes, w2_bias_bytes,
+        layout,
+    }
+);
+
 /// The caller's size of an output struct the library will fill, checked as for inputs
 /// (at least the 1.0 size). Call it before doing any work, so a bad size writes nothing.
 ///
 /// # Safety
 /// `ptr` is NULL or points to a struct of at least `struct_size` bytes.
-pub unsafe fn out_struct_size<T: Extensible>(ptr: *mut T, name: &str) -> Result<usize> {
+pub unsafe fn out_struct_size<T: Output>(ptr: *mut T, name: &str) -> Result<usize> {
     let ptr = non_null(ptr as *const T, name)?;
     caller_size(ptr, name)
 }
@@ -122,10 +189,11 @@ pub unsafe fn out_struct_size<T: Extensible>(ptr: *mut T, name: &str) -> Result<
 /// [`out_struct_size`]): the first `min(caller_size, sizeof)` bytes are this library's, with
 /// `struct_size` set to that count so a newer caller learns which fields were filled; the
 /// caller's bytes past this library's size are zeroed; nothing past `caller_size` is touched.
+/// `T: Output` makes the copy deterministic: `value` has no padding bytes.
 ///
 /// # Safety
 /// `ptr` is non-NULL and points to `caller_size` writable bytes.
-pub unsafe fn write_struct<T: Extensible>(ptr: *mut T, value: &T, caller_size: usize) {
+pub unsafe fn write_struct<T: Output>(ptr: *mut T, value: &T, caller_size: usize) {
     let written = caller_size.min(size_of::<T>());
     let dst = ptr as *mut u8;
     std::ptr::copy_nonoverlapping(value as *const T as *const u8, dst, written);
@@ -263,6 +331,11 @@ mod tests {
         const NAME: &'static str = "grown";
         const SIZE_V1_0: u32 = 8;
     }
+    output!(Grown {
+        struct_size,
+        old,
+        added
+    });
 
     /// A caller's bytes: the struct, then guard bytes.
     fn caller(size: u32, fill: u8) -> [u64; 4] {

@@ -675,6 +675,7 @@ fn layout_record(l: &Layout) -> moeplug_layout {
         hidden_padded: l.hidden_padded as i64,
         intermediate_padded: l.intermediate_padded as i64,
         flags: l.flags(),
+        reserved0: 0,
     }
 }
 
@@ -723,14 +724,19 @@ pub unsafe extern "C" fn moeplug_prepare_moe_sizes(
             w13_ndim,
             w13_shape,
             w13_scale_ndim,
+            reserved0: 0,
             w13_scale_shape,
             w13_bias_ndim,
+            reserved1: 0,
             w13_bias_shape,
             w2_ndim,
+            reserved2: 0,
             w2_shape,
             w2_scale_ndim,
+            reserved3: 0,
             w2_scale_shape,
             w2_bias_ndim,
+            reserved4: 0,
             w2_bias_shape,
             w13_bytes: p.w13_bytes() as u64,
             w13_scale_bytes: p.w13_scale_bytes() as u64,

@@ -115,6 +115,9 @@ pub struct moeplug_layout {
     pub intermediate_padded: i64,
     /// `moeplug_layout_flag` bits.
     pub flags: u32,
+    /// Reserved: written as zero, ignored when read (1.0 headers left these 4 bytes as
+    /// implicit tail padding, so a record filled by hand may hold anything here).
+    pub reserved0: u32,
 }
 
 /// What a device can do. The caller sets `struct_size`; the library fills the rest.
@@ -254,7 +257,8 @@ pub struct moeplug_prepare_moe_args {
     pub out_layout: *mut moeplug_layout,
 }
 
-/// Shapes and bytes of each output of `moeplug_prepare_moe` (0-dim = absent).
+/// Shapes and bytes of each output of `moeplug_prepare_moe` (0-dim = absent). The
+/// `reserved*` fields (implicit padding in 1.0 headers) are written as zero.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct moeplug_prepare_moe_sizes_out {
@@ -262,14 +266,19 @@ pub struct moeplug_prepare_moe_sizes_out {
     pub w13_ndim: i32,
     pub w13_shape: [i64; 4],
     pub w13_scale_ndim: i32,
+    pub reserved0: u32,
     pub w13_scale_shape: [i64; 4],
     pub w13_bias_ndim: i32,
+    pub reserved1: u32,
     pub w13_bias_shape: [i64; 4],
     pub w2_ndim: i32,
+    pub reserved2: u32,
     pub w2_shape: [i64; 4],
     pub w2_scale_ndim: i32,
+    pub reserved3: u32,
     pub w2_scale_shape: [i64; 4],
     pub w2_bias_ndim: i32,
+    pub reserved4: u32,
     pub w2_bias_shape: [i64; 4],
     pub w13_bytes: u64,
     pub w13_scale_bytes: u64,

@@ -161,6 +161,7 @@ pub fn layout(
         hidden_padded: sizes[2] as i64,
         intermediate_padded: sizes[3] as i64,
         flags: has_bias as u32,
+        reserved0: 0,
     }
 }
 

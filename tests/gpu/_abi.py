@@ -34,6 +34,7 @@ GATE_MODE = _mirror.GATE_MODES
 ACTIVATION = _mirror.ACTIVATIONS
 WEIGHT_LAYOUT = _mirror.WEIGHT_LAYOUTS
 SCALE_LAYOUT = dict(none=0, **_mirror.SCALE_LAYOUTS)
+bit_mask = _mirror.bit_mask
 FLAG_HAS_BIAS = _mirror.LAYOUT_FLAGS["has_bias"]
 FLAG_ROUTER_WEIGHT_ON_INPUT = _mirror.MOE_FLAGS["router_weight_on_input"]
 

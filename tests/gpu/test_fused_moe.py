@@ -336,12 +336,13 @@ def test_caps():
     assert c.backend == 2
     assert c.arch.decode().startswith("sm_")
     assert b"NVRTC" in c.runtime_version
-    assert c.weight_formats == sum(1 << v for v in _abi.WEIGHT_FORMAT.values())
-    assert c.act_dtypes == sum(1 << v for v in _abi.ACT_DTYPE.values() if v)
-    assert c.scale_layouts == sum(1 << v for v in _abi.SCALE_LAYOUT.values() if v)
-    assert c.gate_modes == sum(1 << v for v in _abi.GATE_MODE.values())
-    assert c.activations == sum(1 << v for v in _abi.ACTIVATION.values())
-    assert c.weight_layouts == sum(1 << v for v in _abi.WEIGHT_LAYOUT.values())
+    # bit_mask counts each value once: SCALE_LAYOUT holds the alias "cdna4" of "cdna4_swizzle".
+    assert c.weight_formats == _abi.bit_mask(_abi.WEIGHT_FORMAT)
+    assert c.act_dtypes == _abi.bit_mask(_abi.ACT_DTYPE)
+    assert c.scale_layouts == _abi.bit_mask(_abi.SCALE_LAYOUT)
+    assert c.gate_modes == _abi.bit_mask(_abi.GATE_MODE)
+    assert c.activations == _abi.bit_mask(_abi.ACTIVATION)
+    assert c.weight_layouts == _abi.bit_mask(_abi.WEIGHT_LAYOUT)
     # BIAS, EXPERT_MASK, NUM_LOCAL_TOKENS, RWOI, GRAPH_CAPTURE, DEVICE_PREP
     assert c.features == 0b111111
     cpu = _abi.get_caps(1, 0)
