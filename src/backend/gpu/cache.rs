@@ -120,7 +120,7 @@ pub fn compile_source(
     defines: &[String],
 ) -> Result<Compiled> {
     let (maj, min) = api.rtc_version()?;
-    let options = options(arch, defines);
+    let options = super::kernel_configs::rtc_options(api.vendor, arch, defines);
     let rtc_version = format!("{}-{maj}.{min}", api.rtc.library);
     let key = cache_key(&[
         source,
@@ -156,17 +156,8 @@ pub fn compile_source(
 
 /// Compile without touching the disk cache (for measuring the cold compile time).
 pub fn compile_uncached(api: &Api, arch: &str, defines: &[String]) -> Result<Vec<u8>> {
-    rtc_compile(api, "fused_moe", FUSED_MOE_SOURCE, &options(arch, defines))
-}
-
-fn options(arch: &str, defines: &[String]) -> Vec<String> {
-    let mut options = vec![
-        format!("--gpu-architecture={arch}"),
-        "-std=c++17".to_string(),
-        "-default-device".to_string(),
-    ];
-    options.extend(defines.iter().map(|d| format!("-D{d}")));
-    options
+    let options = super::kernel_configs::rtc_options(api.vendor, arch, defines);
+    rtc_compile(api, "fused_moe", FUSED_MOE_SOURCE, &options)
 }
 
 fn rtc_compile(api: &Api, stem: &str, source: &str, options: &[String]) -> Result<Vec<u8>> {

@@ -4,6 +4,8 @@
 
 pub mod cache;
 pub mod driver;
+pub mod hip;
+pub mod kernel_configs;
 pub mod launch;
 pub mod prep;
 
