@@ -54,7 +54,7 @@ pub fn probe_plan<S: AsRef<str>>(names: &[S]) -> Vec<(String, Probe)> {
 /// The major version in a HIP version number (`HIP_VERSION`: major * 10^7 + minor * 10^5 +
 /// patch, as `hipDriverGetVersion` reports it), if it is one.
 pub fn version_major_minor(version: i32) -> Option<(i32, i32)> {
-    (version >= 10_000_000).then(|| (version / 10_000_000, (version / 100_000) % 100))
+    (version >= 10_000_000).then_some((version / 10_000_000, (version / 100_000) % 100))
 }
 
 /// The processor of a target id: "gfx942:sramecc+:xnack-" → "gfx942", "gfx90a" → "gfx90a".
