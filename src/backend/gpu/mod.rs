@@ -8,6 +8,7 @@ pub mod hip;
 pub mod kernel_configs;
 pub mod launch;
 pub mod prep;
+pub mod selftest;
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
