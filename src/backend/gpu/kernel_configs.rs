@@ -31,32 +31,43 @@ pub struct KernelFamily {
     pub configs: fn() -> Vec<Vec<String>>,
 }
 
+/// One line per family: name, kernels/`stem`.cu, its source, whether HIP may select it, and
+/// its configurations.
+#[rustfmt::skip]
 pub const FAMILIES: &[KernelFamily] = &[
-    KernelFamily {
-        name: "prep",
-        stem: "prep",
-        source: PREP_SOURCE,
-        hip: HipSupport::Selectable,
-        configs: || vec![vec![]],
-    },
-    KernelFamily {
-        name: "fused_moe_fp32",
-        stem: "fused_moe",
-        source: FUSED_MOE_SOURCE,
-        hip: HipSupport::Selectable,
-        configs: || fused_moe_configs(false),
-    },
-    KernelFamily {
-        name: "fused_moe_tc",
-        stem: "fused_moe",
-        source: FUSED_MOE_SOURCE,
-        hip: HipSupport::Excluded(
-            "inline PTX mma.sync with 32-lane warp fragments has no HIP form; \
-             launch::tensor_cores() is false for every gfx arch until the MFMA layer lands",
-        ),
-        configs: || fused_moe_configs(true),
-    },
+    family("prep", "prep", PREP_SOURCE, HipSupport::Selectable, no_defines),
+    family("fused_moe_fp32", "fused_moe", FUSED_MOE_SOURCE, HipSupport::Selectable, fp32),
+    family("fused_moe_tc", "fused_moe", FUSED_MOE_SOURCE, HipSupport::Excluded(TC_ON_HIP), tc),
 ];
+
+const TC_ON_HIP: &str = "inline PTX mma.sync with 32-lane warp fragments has no HIP form; \
+     launch::tensor_cores() is false for every gfx arch until the MFMA layer lands";
+
+const fn family(
+    name: &'static str,
+    stem: &'static str,
+    source: &'static str,
+    hip: HipSupport,
+    configs: fn() -> Vec<Vec<String>>,
+) -> KernelFamily {
+    KernelFamily {
+        name,
+        stem,
+        source,
+        hip,
+        configs,
+    }
+}
+
+fn no_defines() -> Vec<Vec<String>> {
+    vec![vec![]]
+}
+fn fp32() -> Vec<Vec<String>> {
+    fused_moe_configs(false)
+}
+fn tc() -> Vec<Vec<String>> {
+    fused_moe_configs(true)
+}
 
 /// The run-time compiler's options for `arch` and a configuration's `defines`: what the
 /// backend passes to NVRTC / hipRTC, and what the offline HIP check passes to clang.
