@@ -1,10 +1,16 @@
 //! The self-test before first use: the accept/refuse decision over what a device produced
 //! for a small problem per kernel family, against the CPU backend (fused_moe) or the host
-//! bytes (prep). Pure, so it is tested here with fake device results; running the problems
-//! on the device is the caller's (see the report of issue 13 for how it is wired).
+//! bytes (prep). Pure, so it is tested here with fake device results.
 //!
 //! A family that fails is never selected, and the caps / `info` say which and why; if no
 //! fused_moe family passes, the backend is BACKEND_UNAVAILABLE with every reason.
+//!
+//! Not wired yet. The intended wiring: `GpuBackend::open` runs, for each family of
+//! [`super::kernel_configs::FAMILIES`] the device may select, one small launch (and one
+//! device prep) on device memory, compares with the CPU backend / host prep, and hands the
+//! outcomes to [`decide`]; the backend keeps the [`Decision`], selects only accepted
+//! families, drops DEVICE_PREP when prep failed, and prints [`Decision::summary`] in `info`.
+//! Then HIP's blanket refusal in `gpu::backend` goes.
 
 use crate::error::{Error, Result};
 
