@@ -4,14 +4,17 @@
 # stand-in for hipRTC's pre-include (scripts/hip/hiprtc_prelude.h) and Debian's
 # rocm-device-libs bitcode (ocml for erff/expf). The configurations and the hipRTC options come
 # from the host code (src/backend/gpu/kernel_configs.rs via examples/kernel_configs.rs).
-# Each is compiled to assembly, assembled and linked into a code object as hipRTC would hand
-# the loader; the object must be for the arch and hold a descriptor for every kernel.
+# The example writes each translation unit exactly as the backend compiles it (ABI prelude
+# included) with the kernel headers. Each configuration is compiled to assembly, assembled and
+# linked into a code object as hipRTC would hand the loader (one job per core); the object
+# must be for the arch and hold a descriptor for every kernel.
 # Prints every configuration with its kernel count and MFMA instruction count; exits 1 on any
 # error.
 #
 # usage: scripts/hip_compile_check.sh [ARCH...]
 #   MOEPLUG_ZIG_PYTHON  python with ziglang installed (default .venv/bin/python)
 #   ROCM_DEVICE_LIBS    rocm-device-libs bitcode dir (default Debian's)
+#   MOEPLUG_HIP_CHECK_EVERY=N  compile only every N-th configuration (a quick local look)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,33 +61,25 @@ isa_version() {
   echo $((10#${d:0:${#d}-2} * 1000 + 16#${d: -2:1} * 100 + 16#${d: -1}))
 }
 
-configs=$(cargo run -q --release --example kernel_configs -- "${archs[@]}")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+configs=$(cargo run -q --release --example kernel_configs -- "$work/src" "${archs[@]}")
 
-n=0
-failed=0
-total_mfma=0
-while IFS=$'\t' read -r what family src arch options; do
-  if [ "$what" = exclude ]; then
-    echo "excluded  $family: $src"
-    continue
-  fi
-  n=$((n + 1))
-  out="$work/$n"
+# One configuration: hipRTC options -> assembly -> object -> code object, then the checks.
+# Writes one result line to $out.result ("ok ..." or "FAILED ...", then the reasons).
+check_one() {
+  local out=$1 what=$2 src=$3 arch=$4 options=$5
+  local defines problems=() flags want kernels symbols nkernels mfma scratch
   defines=$(tr ' ' '\n' <<<"$options" | grep '^-D' | tr '\n' ' ' || true)
   # shellcheck disable=SC2086 # options are the host's hipRTC options, one word each
   if ! zig clang -x hip --cuda-device-only -nogpulib -nogpuinc \
     -include scripts/hip/hiprtc_prelude.h -DMP_OCLC_ISA_VERSION="$(isa_version "$arch")" \
-    -I kernels $options "${links[@]}" -S -o "$out.s" "$src" 2>"$out.log" ||
+    -I "$(dirname "$src")" $options "${links[@]}" -S -o "$out.s" "$src" 2>"$out.log" ||
     ! zig clang -target amdgcn-amd-amdhsa -mcpu="$arch" -c "$out.s" -o "$out.o" 2>>"$out.log" ||
     ! zig ld.lld -shared --no-undefined -o "$out.hsaco" "$out.o" 2>>"$out.log"; then
-    echo "FAILED    $family $arch $defines"
-    sed 's/^/    /' "$out.log" | head -40
-    failed=$((failed + 1))
-    continue
+    { echo "FAILED    $what $arch $defines"; sed 's/^/    /' "$out.log" | head -40; } >"$out.result"
+    return
   fi
-  problems=()
   flags=$(readelf -h "$out.hsaco" | awk '/Flags:/ {print $2}' | tr -d ,)
   want=$(mach_of "$arch")
   if [ -n "$want" ] && [ $((flags & 0xff)) -ne $((want)) ]; then
@@ -99,16 +94,41 @@ while IFS=$'\t' read -r what family src arch options; do
   [ "$nkernels" -gt 0 ] || problems+=("no kernels")
   mfma=$(grep -cE '^[[:space:]]*v_(mfma|smfmac)' "$out.s" || true)
   scratch=$(awk '$1 == ".amdhsa_private_segment_fixed_size" && $2 > m {m = $2} END {print m + 0}' "$out.s")
-  total_mfma=$((total_mfma + mfma))
   if [ ${#problems[@]} -gt 0 ]; then
-    echo "FAILED    $family $arch $defines"
-    printf '    %s\n' "${problems[@]}"
-    failed=$((failed + 1))
+    { echo "FAILED    $what $arch $defines"; printf '    %s\n' "${problems[@]}"; } >"$out.result"
+  else
+    printf 'ok        %-16s %-7s kernels=%d mfma=%d scratch=%dB  %s\n' \
+      "$what" "$arch" "$nkernels" "$mfma" "$scratch" "$defines" >"$out.result"
+  fi
+  rm -f "$out.s" "$out.o" "$out.hsaco" "$out.log"
+}
+
+jobs_max=$(nproc 2>/dev/null || echo 2)
+every=${MOEPLUG_HIP_CHECK_EVERY:-1}
+n=0
+seen=0
+while IFS=$'\t' read -r kind what src arch options; do
+  if [ "$kind" = exclude ]; then
+    echo "excluded  $what: $src"
     continue
   fi
-  printf 'ok        %-15s %-7s kernels=%d mfma=%d scratch=%dB  %s\n' \
-    "$family" "$arch" "$nkernels" "$mfma" "$scratch" "$defines"
+  seen=$((seen + 1))
+  [ $(((seen - 1) % every)) -eq 0 ] || continue
+  n=$((n + 1))
+  check_one "$work/$n" "$what" "$src" "$arch" "$options" &
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
 done <<<"$configs"
+wait
+
+failed=0
+total_mfma=0
+for i in $(seq 1 "$n"); do
+  cat "$work/$i.result"
+  case $(head -c 6 "$work/$i.result") in
+    FAILED) failed=$((failed + 1)) ;;
+    *) total_mfma=$((total_mfma + $(sed -n 's/.* mfma=\([0-9]*\) .*/\1/p' "$work/$i.result"))) ;;
+  esac
+done
 
 echo "hip compile check: $n configurations for ${archs[*]}, $failed failed, $total_mfma MFMA instructions in all"
 [ "$n" -gt 0 ] && [ "$failed" -eq 0 ]

@@ -21,7 +21,7 @@ pub struct Layout {
 }
 
 /// `moeplug_layout.flags` bit.
-pub const FLAG_HAS_BIAS: u32 = 1 << 0;
+pub const FLAG_HAS_BIAS: u32 = crate::vocab::moeplug_layout_flag::HasBias as u32;
 
 impl Layout {
     /// Check the record on its own: known enums, positive sizes, pads not negative, a scale

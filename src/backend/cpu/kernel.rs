@@ -1,4 +1,4 @@
-//! The CPU fused MoE: AITER's two-stage math (LAYOUTS.md §7) over the recorded weight layouts,
+//! The CPU fused MoE: AITER's two-stage math (docs/layouts.md §7) over the recorded weight layouts,
 //! f32 accumulation, all cores.
 //!
 //! Plan of a launch: route (moe_sorting) → quantize the stage-1 input per act_dtype → stage 1

@@ -348,13 +348,13 @@ mod tests {
         assert_eq!(runtime_version(60_342_134, (6, 3)), "HIP 6.3 / hipRTC 6.3");
         assert!(runtime_version(70_251_831, (7, 2)).len() < 32);
         assert_eq!(
-            hiprtc_options("gfx950", &["WFMT=6".into(), "TC=0".into()]),
+            hiprtc_options("gfx950", &["FAMILY=0".into(), "WFMT=6".into()]),
             [
                 "--offload-arch=gfx950",
                 "-std=c++17",
                 "-O3",
-                "-DWFMT=6",
-                "-DTC=0"
+                "-DFAMILY=0",
+                "-DWFMT=6"
             ]
         );
     }

@@ -5,8 +5,8 @@
 //! A family that fails is never selected, and the caps / `info` say which and why; if no
 //! fused_moe family passes, the backend is BACKEND_UNAVAILABLE with every reason.
 //!
-//! Not wired yet. The intended wiring: `GpuBackend::open` runs, for each family of
-//! [`super::kernel_configs::FAMILIES`] the device may select, one small launch (and one
+//! Not wired yet. The intended wiring: `GpuBackend::open` runs, for each kernel
+//! family ([`super::spec::Family`]) the device may select, one small launch (and one
 //! device prep) on device memory, compares with the CPU backend / host prep, and hands the
 //! outcomes to [`decide`]; the backend keeps the [`Decision`], selects only accepted
 //! families, drops DEVICE_PREP when prep failed, and prints [`Decision::summary`] in `info`.
