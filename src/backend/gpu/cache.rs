@@ -149,7 +149,7 @@ pub fn compile_source(
     defines: &[String],
 ) -> Result<Compiled> {
     let (maj, min) = api.rtc_version()?;
-    let options = options(arch, defines);
+    let options = options(api.vendor, arch, defines);
     let rtc_version = format!("{}-{maj}.{min}", api.rtc.library);
     let joined = options.join(" ");
     let mut parts: Vec<&str> = vec![source];
@@ -186,11 +186,16 @@ pub fn compile_uncached(api: &Api, arch: &str, defines: &[String]) -> Result<Vec
         api,
         "fused_moe",
         &fused_moe_source(),
-        &options(arch, defines),
+        &options(api.vendor, arch, defines),
     )
 }
 
-fn options(arch: &str, defines: &[String]) -> Vec<String> {
+/// The run-time compiler's options for `arch` and a configuration's `defines` (HIP's:
+/// [`super::hip::hiprtc_options`], which the offline HIP compile check uses too).
+fn options(vendor: super::Vendor, arch: &str, defines: &[String]) -> Vec<String> {
+    if vendor == super::Vendor::Hip {
+        return super::hip::hiprtc_options(arch, defines);
+    }
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "-std=c++17".to_string(),
@@ -218,7 +223,7 @@ pub fn compile_check(
     arch: &str,
     defines: &[String],
 ) -> Result<CheckedCompile> {
-    let mut opts = options(arch, defines);
+    let mut opts = options(super::Vendor::Cuda, arch, defines);
     opts.push("--ptxas-options=-v".to_string());
     let (binary, log) = rtc_compile_with_log(rtc, "fused_moe", &fused_moe_source(), &opts)?;
     Ok(CheckedCompile { binary, log })

@@ -9,6 +9,12 @@ use super::spec::{Family, KernelSpec};
 use crate::types::{ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
 pub fn selectable_specs(sm: u32) -> Vec<KernelSpec> {
+    specs_where(|spec| selectable(sm, spec))
+}
+
+/// The same enumeration for any selection rule (the HIP backend's:
+/// [`super::kernel_configs::hip_specs`]).
+pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
     let mut out = Vec::new();
     let mut n = 0usize; // rotates the options over candidates
     for family in Family::ALL {
@@ -55,10 +61,10 @@ pub fn selectable_specs(sm: u32) -> Vec<KernelSpec> {
                                 split_k: [[8, 4, 2, 1][n % 4], [8, 4, 2, 1][(n / 4) % 4]],
                             };
                             n += 1;
-                            if !selectable(sm, &spec) && spec.fp8_fnuz {
+                            if !keep(&spec) && spec.fp8_fnuz {
                                 spec.fp8_fnuz = false; // fnuz is not on every family
                             }
-                            if selectable(sm, &spec) {
+                            if keep(&spec) {
                                 out.push(spec);
                                 chosen += 1;
                             }

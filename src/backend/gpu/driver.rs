@@ -9,6 +9,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 
 use crate::error::{Error, Result};
 
+use super::hip::{self, probe_plan, Probe};
 use super::Vendor;
 
 pub type Handle = *mut c_void;
@@ -48,6 +49,11 @@ pub struct Api {
     ) -> c_int,
     /// `cuGetErrorName` (CUDA) / `hipGetErrorName` (HIP): "CUDA_ERROR_INVALID_VALUE".
     pub cuGetErrorName: unsafe extern "C" fn(c_int, *mut *const c_char) -> c_int,
+    /// HIP only: `hipGetDevicePropertiesR0600` (fills [`super::hip::DevicePropR0600`]), the
+    /// one source of the device's gcnArchName.
+    pub hipGetDevicePropertiesR0600: Option<unsafe extern "C" fn(*mut c_void, c_int) -> c_int>,
+    /// The driver / runtime library that was opened.
+    pub driver_library: String,
     pub rtc: Rtc,
 }
 
@@ -99,17 +105,44 @@ fn dlerror_text() -> String {
 
 impl Library {
     fn open(name: &str) -> std::result::Result<Library, String> {
+        Library::open_with(name, Probe::Load)
+    }
+
+    fn open_with(name: &str, probe: Probe) -> std::result::Result<Library, String> {
         let c = CString::new(name).map_err(|e| e.to_string())?;
+        let flags = match probe {
+            Probe::Load => libc::RTLD_NOW | libc::RTLD_LOCAL,
+            Probe::AlreadyLoaded => libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_NOLOAD,
+        };
         // SAFETY: valid C string; the handle is deliberately never closed (function pointers
         // taken from it live in a process-wide table).
-        let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        let handle = unsafe { libc::dlopen(c.as_ptr(), flags) };
         if handle.is_null() {
-            return Err(dlerror_text());
+            return Err(match probe {
+                Probe::Load => dlerror_text(),
+                Probe::AlreadyLoaded => {
+                    dlerror_text(); // clear it: "not loaded" is the expected answer
+                    format!("{name}: not already loaded")
+                }
+            });
         }
         Ok(Library {
             name: name.to_string(),
             handle,
         })
+    }
+
+    /// The first entry of a probe plan that opens; the error lists every load attempt.
+    fn open_plan(plan: &[(String, Probe)]) -> std::result::Result<Library, String> {
+        let mut why = Vec::new();
+        for (name, probe) in plan {
+            match Library::open_with(name, *probe) {
+                Ok(l) => return Ok(l),
+                Err(e) if *probe == Probe::Load => why.push(e),
+                Err(_) => {}
+            }
+        }
+        Err(why.join("; "))
     }
 
     /// First of `names` that opens; the error lists every attempt.
@@ -149,7 +182,6 @@ const NVRTC_NAMES: [&str; 4] = [
     "libnvrtc.so.11.2",
     "libnvrtc.so",
 ];
-const HIPRTC_NAMES: [&str; 2] = ["libhiprtc.so", "libhiprtc.so.6"];
 
 /// Load the driver and run-time compiler of `vendor` and resolve the table.
 pub fn load(vendor: Vendor) -> Result<Api> {
@@ -187,16 +219,13 @@ pub fn load(vendor: Vendor) -> Result<Api> {
                     cuFuncSetAttribute: Some(drv.get("cuFuncSetAttribute")?),
                     cuLaunchKernel: drv.get("cuLaunchKernel")?,
                     cuGetErrorName: drv.get("cuGetErrorName")?,
+                    hipGetDevicePropertiesR0600: None,
+                    driver_library: drv.name.clone(),
                     rtc: nv_rtc(&rtc)?,
                 })
             }
         }
-        Vendor::Hip => {
-            let rtc = Library::open_any(&HIPRTC_NAMES)
-                .map_err(|e| unavailable("run-time compiler (libhiprtc.so)", e))?;
-            let rtc_table = unsafe { hip_rtc(&rtc)? };
-            hip_driver(vendor, rtc_table)
-        }
+        Vendor::Hip => hip_driver(vendor),
     }
 }
 
@@ -217,22 +246,46 @@ unsafe fn hip_rtc(rtc: &Library) -> Result<Rtc> {
     })
 }
 
-/// HIP driver symbols from `libamdhip64.so`, opened at run time (default build).
-#[cfg(not(feature = "hip-link"))]
-fn hip_driver(vendor: Vendor, rtc: Rtc) -> Result<Api> {
-    let drv = Library::open(vendor.driver_library()).map_err(|e| {
+/// hipRTC of the ROCm release of the runtime whose `hipDriverGetVersion` is given (same
+/// major version first, [`hip::hiprtc_names`]).
+fn hip_rtc_for(get_version: unsafe extern "C" fn(*mut c_int) -> c_int) -> Result<Rtc> {
+    let mut version = 0;
+    // SAFETY: plain query with a valid out-pointer.
+    let rc = unsafe { get_version(&mut version) };
+    let major = (rc == 0)
+        .then(|| hip::version_major_minor(version))
+        .flatten()
+        .map(|v| v.0);
+    let names = hip::hiprtc_names(major);
+    let rtc = Library::open_plan(&probe_plan(&names)).map_err(|e| {
         Error::unavailable(format!(
-            "the HIP runtime (libamdhip64.so) could not be loaded: {e}"
+            "the HIP run-time compiler ({}) could not be loaded: {e}",
+            names.join(", ")
+        ))
+    })?;
+    // SAFETY: hipRTC's documented signatures.
+    unsafe { hip_rtc(&rtc) }
+}
+
+/// HIP runtime symbols, opened at run time (default build): a copy the process already has
+/// (e.g. torch's) first, then ROCm 6/7 names ([`hip::RUNTIME_NAMES`]).
+#[cfg(not(feature = "hip-link"))]
+fn hip_driver(vendor: Vendor) -> Result<Api> {
+    let drv = Library::open_plan(&probe_plan(&hip::RUNTIME_NAMES)).map_err(|e| {
+        Error::unavailable(format!(
+            "the HIP runtime ({}) could not be loaded: {e}",
+            hip::RUNTIME_NAMES.join(", ")
         ))
     })?;
     // SAFETY: the hip* entry points below have the same C signatures as the CUDA ones in the
     // table (hipModule_t/hipFunction_t/hipCtx_t/hipStream_t are opaque pointers, hipDevice_t
     // an int).
     unsafe {
+        let get_version = drv.get("hipDriverGetVersion")?;
         Ok(Api {
             vendor,
             cuInit: drv.get("hipInit")?,
-            cuDriverGetVersion: drv.get("hipDriverGetVersion")?,
+            cuDriverGetVersion: get_version,
             cuDeviceGet: drv.get("hipDeviceGet")?,
             cuDeviceGetAttribute: drv.get("hipDeviceGetAttribute")?,
             cuDeviceGetName: drv.get("hipDeviceGetName")?,
@@ -244,7 +297,9 @@ fn hip_driver(vendor: Vendor, rtc: Rtc) -> Result<Api> {
             cuFuncSetAttribute: None,
             cuLaunchKernel: drv.get("hipModuleLaunchKernel")?,
             cuGetErrorName: drv.get("hipDrvGetErrorName")?,
-            rtc,
+            hipGetDevicePropertiesR0600: Some(drv.get("hipGetDevicePropertiesR0600")?),
+            driver_library: drv.name.clone(),
+            rtc: hip_rtc_for(get_version)?,
         })
     }
 }
@@ -253,8 +308,12 @@ fn hip_driver(vendor: Vendor, rtc: Rtc) -> Result<Api> {
 /// hipRTC is still opened at run time. CI type-checks this path against a stub HIP_PATH; it is
 /// not linked or run there (that needs ROCm).
 #[cfg(feature = "hip-link")]
-fn hip_driver(vendor: Vendor, rtc: Rtc) -> Result<Api> {
+fn hip_driver(vendor: Vendor) -> Result<Api> {
     use hip_runtime_sys as h;
+    extern "C" {
+        // In libamdhip64 since ROCm 6 (hip-runtime-sys links the library).
+        fn hipGetDevicePropertiesR0600(props: *mut c_void, device: c_int) -> c_int;
+    }
     // SAFETY: reinterpreting the linked functions' pointers as the table's equivalent C types.
     unsafe {
         macro_rules! f {
@@ -262,10 +321,11 @@ fn hip_driver(vendor: Vendor, rtc: Rtc) -> Result<Api> {
                 std::mem::transmute::<*const (), _>(h::$s as *const ())
             };
         }
+        let get_version: unsafe extern "C" fn(*mut c_int) -> c_int = f!(hipDriverGetVersion);
         Ok(Api {
             vendor,
             cuInit: f!(hipInit),
-            cuDriverGetVersion: f!(hipDriverGetVersion),
+            cuDriverGetVersion: get_version,
             cuDeviceGet: f!(hipDeviceGet),
             cuDeviceGetAttribute: f!(hipDeviceGetAttribute),
             cuDeviceGetName: f!(hipDeviceGetName),
@@ -277,7 +337,9 @@ fn hip_driver(vendor: Vendor, rtc: Rtc) -> Result<Api> {
             cuFuncSetAttribute: None,
             cuLaunchKernel: f!(hipModuleLaunchKernel),
             cuGetErrorName: f!(hipDrvGetErrorName),
-            rtc,
+            hipGetDevicePropertiesR0600: Some(hipGetDevicePropertiesR0600),
+            driver_library: "libamdhip64 (linked)".to_string(),
+            rtc: hip_rtc_for(get_version)?,
         })
     }
 }
@@ -420,4 +482,28 @@ unsafe fn nv_rtc(rtc: &Library) -> Result<Rtc> {
         nvrtcGetCUBIN: rtc.get("nvrtcGetCUBIN")?,
         nvrtcDestroyProgram: rtc.get("nvrtcDestroyProgram")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn already_loaded_probe_finds_only_what_the_process_has() {
+        // libc is in every test process; a made-up name is in none.
+        assert!(Library::open_with("libc.so.6", Probe::AlreadyLoaded).is_ok());
+        let e = Library::open_with("libmoeplug-absent.so.9", Probe::AlreadyLoaded)
+            .err()
+            .unwrap();
+        assert_eq!(e, "libmoeplug-absent.so.9: not already loaded");
+        let names = ["libmoeplug-absent.so.9", "libmoeplug-absent.so.8"];
+        let e = Library::open_plan(&probe_plan(&names)).err().unwrap();
+        // Only the real load attempts are reported, in order.
+        let attempts: Vec<&str> = e.split("; ").collect();
+        assert_eq!(attempts.len(), 2, "{e}");
+        assert!(attempts[0].starts_with("libmoeplug-absent.so.9: "), "{e}");
+        assert!(attempts[1].starts_with("libmoeplug-absent.so.8: "), "{e}");
+        let found = Library::open_plan(&probe_plan(&["libmoeplug-absent.so.9", "libc.so.6"]));
+        assert_eq!(found.unwrap().name, "libc.so.6");
+    }
 }

@@ -6,8 +6,11 @@ pub mod cache;
 pub mod compile_check;
 pub mod driver;
 pub mod heuristics;
+pub mod hip;
+pub mod kernel_configs;
 pub mod launch;
 pub mod prep;
+pub mod selftest;
 pub mod spec;
 
 use std::collections::HashMap;
@@ -35,11 +38,18 @@ impl Vendor {
             Vendor::Hip => "HIP",
         }
     }
-    /// The driver library that must load for this vendor.
+    /// The driver library that must load for this vendor (HIP: the first of
+    /// [`hip::RUNTIME_NAMES`] that opens).
     pub fn driver_library(self) -> &'static str {
         match self {
             Vendor::Cuda => "libcuda.so.1",
-            Vendor::Hip => "libamdhip64.so",
+            Vendor::Hip => hip::RUNTIME_NAMES[0],
+        }
+    }
+    pub fn backend_kind(self) -> BackendKind {
+        match self {
+            Vendor::Cuda => BackendKind::Cuda,
+            Vendor::Hip => BackendKind::Hip,
         }
     }
 }
@@ -77,7 +87,19 @@ static CUDA_API: Lazy<Result<Api>> = Lazy::new(|| {
     }
     Ok(api)
 });
-static HIP_API: Lazy<Result<Api>> = Lazy::new(|| driver::load(Vendor::Hip));
+static HIP_API: Lazy<Result<Api>> = Lazy::new(|| {
+    let api = driver::load(Vendor::Hip)?;
+    // SAFETY: hipInit(0) is the documented first call of the module API; it may be repeated.
+    let rc = unsafe { (api.cuInit)(0) };
+    if rc != 0 {
+        return Err(Error::unavailable(format!(
+            "hipInit failed: {} (no usable AMD GPU or driver; {})",
+            api.error_name(rc),
+            api.driver_library
+        )));
+    }
+    Ok(api)
+});
 
 /// One backend per (vendor, device), opened on first use.
 type DeviceTable = HashMap<(Vendor, i32), Arc<GpuBackend>>;
@@ -95,11 +117,21 @@ pub fn backend(vendor: Vendor, device_id: i32) -> Result<Arc<dyn Backend>> {
     };
     let api: &'static Api = api.as_ref().map_err(|e| e.clone())?;
     if vendor == Vendor::Hip {
-        // The loader resolves HIP, but the kernels have not run on an AMD GPU yet: refuse
+        // The runtime and device open (so the arch and the limits are real), but the kernels
+        // have not run on an AMD GPU yet and no self-test proves them on this one: refuse
         // rather than claim support nobody has tested.
-        return Err(Error::unavailable(
-            "the HIP runtime loaded, but the HIP fused_moe backend is not validated on an AMD GPU yet",
-        ));
+        let d = Device::describe(api, device_id)?;
+        return Err(Error::unavailable(format!(
+            "rocm:{device_id} is {} ({}, {} CUs, wave{}, {} KiB LDS; {}), but the HIP fused_moe \
+             backend is not validated on an AMD GPU yet (kernels compile for gfx942/gfx950 in CI; \
+             no self-test before first use yet)",
+            d.name,
+            d.target_id,
+            d.compute_units,
+            d.wave_size,
+            d.lds_bytes_per_block / 1024,
+            d.runtime_version
+        )));
     }
     let mut devices = DEVICES
         .lock()
@@ -150,57 +182,147 @@ impl Drop for CtxGuard<'_> {
     }
 }
 
-const CC_MAJOR: i32 = 75; // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+const CC_MAJOR: i32 = 75; // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR (CUDA only)
 const CC_MINOR: i32 = 76;
+const CU_MAX_SHARED_MEMORY_PER_BLOCK: i32 = 8;
+const CU_WARP_SIZE: i32 = 10;
+const CU_MULTIPROCESSOR_COUNT: i32 = 16;
 
-impl GpuBackend {
-    fn open(api: &'static Api, device_id: i32) -> Result<GpuBackend> {
+/// What a device is, read without touching its context.
+struct Device {
+    /// The driver's device handle.
+    handle: i32,
+    name: String,
+    /// Compile target: "sm_90" / "gfx942".
+    arch: String,
+    /// HIP's full target id ("gfx942:sramecc+:xnack-"); the arch on CUDA.
+    target_id: String,
+    compute_units: i32,
+    lds_bytes_per_block: i64,
+    wave_size: i32,
+    runtime_version: String,
+}
+
+impl Device {
+    fn describe(api: &Api, device_id: i32) -> Result<Device> {
         let mut dev = 0;
         // SAFETY: plain driver queries with valid out-pointers.
         unsafe {
             let rc = (api.cuDeviceGet)(&mut dev, device_id);
             if rc != 0 {
                 return Err(Error::invalid(format!(
-                    "device_id: no CUDA device {device_id} ({})",
+                    "device_id: no {} device {device_id} ({})",
+                    api.vendor.name(),
                     api.error_name(rc)
                 )));
             }
-            let (mut major, mut minor, mut drv) = (0, 0, 0);
-            api.check(
-                (api.cuDeviceGetAttribute)(&mut major, CC_MAJOR, dev),
-                "cuDeviceGetAttribute(compute capability major)",
-            )?;
-            api.check(
-                (api.cuDeviceGetAttribute)(&mut minor, CC_MINOR, dev),
-                "cuDeviceGetAttribute(compute capability minor)",
-            )?;
+            let mut drv = 0;
             api.check((api.cuDriverGetVersion)(&mut drv), "cuDriverGetVersion")?;
-            let mut name = [0 as std::ffi::c_char; 128];
+            let mut name = [0 as std::ffi::c_char; 256];
             api.check(
-                (api.cuDeviceGetName)(name.as_mut_ptr(), 128, dev),
+                (api.cuDeviceGetName)(name.as_mut_ptr(), 256, dev),
                 "cuDeviceGetName",
             )?;
             let name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
-            let mut ctx: Handle = std::ptr::null_mut();
-            api.check(
-                (api.cuDevicePrimaryCtxRetain)(&mut ctx, dev),
-                "cuDevicePrimaryCtxRetain",
-            )?;
-            let (rmaj, rmin) = api.rtc_version()?;
-            Ok(GpuBackend {
-                api,
-                device_id,
-                ctx,
-                arch: format!("sm_{major}{minor}"),
-                name,
-                runtime_version: format!(
-                    "CUDA driver {}.{} / NVRTC {rmaj}.{rmin}",
-                    drv / 1000,
-                    (drv % 1000) / 10
-                ),
-                kernels: Mutex::new(HashMap::new()),
-            })
+            let rtc = api.rtc_version()?;
+            match api.vendor {
+                Vendor::Cuda => {
+                    let (mut major, mut minor) = (0, 0);
+                    api.check(
+                        (api.cuDeviceGetAttribute)(&mut major, CC_MAJOR, dev),
+                        "cuDeviceGetAttribute(compute capability major)",
+                    )?;
+                    api.check(
+                        (api.cuDeviceGetAttribute)(&mut minor, CC_MINOR, dev),
+                        "cuDeviceGetAttribute(compute capability minor)",
+                    )?;
+                    let (mut sms, mut smem, mut warp) = (0, 0, 0);
+                    api.check(
+                        (api.cuDeviceGetAttribute)(&mut sms, CU_MULTIPROCESSOR_COUNT, dev),
+                        "cuDeviceGetAttribute(multiprocessor count)",
+                    )?;
+                    api.check(
+                        (api.cuDeviceGetAttribute)(&mut smem, CU_MAX_SHARED_MEMORY_PER_BLOCK, dev),
+                        "cuDeviceGetAttribute(shared memory per block)",
+                    )?;
+                    api.check(
+                        (api.cuDeviceGetAttribute)(&mut warp, CU_WARP_SIZE, dev),
+                        "cuDeviceGetAttribute(warp size)",
+                    )?;
+                    let arch = format!("sm_{major}{minor}");
+                    Ok(Device {
+                        handle: dev,
+                        name,
+                        target_id: arch.clone(),
+                        arch,
+                        compute_units: sms,
+                        lds_bytes_per_block: smem as i64,
+                        wave_size: warp,
+                        runtime_version: format!(
+                            "CUDA driver {}.{} / NVRTC {}.{}",
+                            drv / 1000,
+                            (drv % 1000) / 10,
+                            rtc.0,
+                            rtc.1
+                        ),
+                    })
+                }
+                Vendor::Hip => {
+                    let attr = |id: i32, what: &str| -> Result<i32> {
+                        let mut v = 0;
+                        api.check(
+                            (api.cuDeviceGetAttribute)(&mut v, id, dev),
+                            &format!("hipDeviceGetAttribute({what})"),
+                        )?;
+                        Ok(v)
+                    };
+                    let cus = attr(hip::ATTR_MULTIPROCESSOR_COUNT, "multiprocessor count")?;
+                    let lds = attr(hip::ATTR_MAX_SHARED_MEMORY_PER_BLOCK, "shared memory")?;
+                    let wave = attr(hip::ATTR_WARP_SIZE, "warp size")?;
+                    let get_props = api.hipGetDevicePropertiesR0600.ok_or_else(|| {
+                        Error::internal("HIP table without hipGetDevicePropertiesR0600")
+                    })?;
+                    let mut props = hip::DevicePropR0600::zeroed();
+                    api.check(
+                        get_props(&mut *props as *mut hip::DevicePropR0600 as *mut c_void, dev),
+                        "hipGetDevicePropertiesR0600",
+                    )?;
+                    let info = hip::device_info(&props, &name, cus, lds as i64, wave)
+                        .map_err(|e| Error::unavailable(format!("rocm:{device_id}: {e}")))?;
+                    Ok(Device {
+                        handle: dev,
+                        name,
+                        arch: info.arch,
+                        target_id: info.target_id,
+                        compute_units: info.compute_units,
+                        lds_bytes_per_block: info.lds_bytes_per_block,
+                        wave_size: info.wave_size,
+                        runtime_version: hip::runtime_version(drv, rtc),
+                    })
+                }
+            }
         }
+    }
+}
+
+impl GpuBackend {
+    fn open(api: &'static Api, device_id: i32) -> Result<GpuBackend> {
+        let d = Device::describe(api, device_id)?;
+        let mut ctx: Handle = std::ptr::null_mut();
+        // SAFETY: retains the primary context of a device handle the driver gave us.
+        api.check(
+            unsafe { (api.cuDevicePrimaryCtxRetain)(&mut ctx, d.handle) },
+            "cuDevicePrimaryCtxRetain",
+        )?;
+        Ok(GpuBackend {
+            api,
+            device_id,
+            ctx,
+            arch: d.arch,
+            name: d.name,
+            runtime_version: d.runtime_version,
+            kernels: Mutex::new(HashMap::new()),
+        })
     }
 
     fn enter(&self) -> Result<CtxGuard<'_>> {
@@ -279,12 +401,17 @@ impl GpuBackend {
     }
 }
 
-/// What the kernels can run, exactly what tests/gpu proves on an H200: the CPU backend's
-/// masks (every format, activation dtype, gate mode, activation, layout and feature) plus
-/// CUDA graph capture.
+/// What the kernels can run on CUDA, exactly what tests/gpu proves on an H200.
 pub fn gpu_caps(arch: &str, runtime_version: &str) -> Caps {
+    vendor_caps(Vendor::Cuda, arch, runtime_version)
+}
+
+/// What the kernels can run: the CPU backend's masks (every format, activation dtype, gate
+/// mode, activation, layout and feature) plus graph capture and device prep, with the
+/// vendor's backend kind.
+pub fn vendor_caps(vendor: Vendor, arch: &str, runtime_version: &str) -> Caps {
     let mut caps = Caps::full_fused_moe(
-        BackendKind::Cuda,
+        vendor.backend_kind(),
         arch.to_string(),
         runtime_version.to_string(),
     );
@@ -295,11 +422,11 @@ pub fn gpu_caps(arch: &str, runtime_version: &str) -> Caps {
 
 impl Backend for GpuBackend {
     fn kind(&self) -> BackendKind {
-        BackendKind::Cuda
+        self.api.vendor.backend_kind()
     }
 
     fn caps(&self) -> Caps {
-        gpu_caps(&self.arch, &self.runtime_version)
+        vendor_caps(self.api.vendor, &self.arch, &self.runtime_version)
     }
 
     /// The masks, the format's allowed activation dtypes, and a record every reader can
@@ -498,6 +625,48 @@ mod tests {
             .err()
             .expect("no validated HIP backend");
         assert_eq!(e.status, Status::BackendUnavailable);
+        if hip::RUNTIME_NAMES.iter().all(|n| probe_library(n).is_err()) {
+            // Without ROCm the loader names every ROCm 6/7 runtime it tried.
+            assert!(
+                e.message.starts_with(
+                    "the HIP runtime (libamdhip64.so, libamdhip64.so.7, libamdhip64.so.6) could not be loaded: "
+                ),
+                "{}",
+                e.message
+            );
+            for n in hip::RUNTIME_NAMES {
+                assert!(e.message.contains(&format!("{n}: ")), "{}", e.message);
+            }
+        } else {
+            // With ROCm, the device opens (or says why) and the backend still refuses.
+            assert!(
+                e.message.contains("not validated on an AMD GPU yet")
+                    || e.message.contains("hipInit failed")
+                    || e.message.contains("hipRTC")
+                    || e.message.contains("run-time compiler"),
+                "{}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn hip_caps_say_hip() {
+        let caps = vendor_caps(Vendor::Hip, "gfx942", "HIP 6.4 / hipRTC 6.4");
+        assert_eq!(caps.backend, Some(BackendKind::Hip));
+        assert_eq!(caps.arch, "gfx942");
+        assert_eq!(caps.runtime_version, "HIP 6.4 / hipRTC 6.4");
+        assert_eq!(gpu_caps("sm_90", "x").backend, Some(BackendKind::Cuda));
+        assert_eq!(Vendor::Hip.backend_kind().label(), "hip");
+        // Same masks on both vendors: one set of kernels.
+        let cuda = gpu_caps("gfx942", "HIP 6.4 / hipRTC 6.4");
+        assert_eq!(
+            Caps {
+                backend: cuda.backend,
+                ..caps
+            },
+            cuda
+        );
     }
 
     #[test]
