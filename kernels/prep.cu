@@ -13,7 +13,8 @@ struct RowMap {
   u64 group_rows, groups, src_group_rows, half_out, half_in, mode, block;
 };
 
-// Mirrors `StepParams` in src/backend/gpu/prep.rs. Writer arguments a, b, c:
+// `StepParams` in src/backend/gpu/prep.rs is checked against this struct by a test that reads
+// this file (prep::tests::params_match_the_kernel_source). Writer arguments a, b, c:
 // rows: row_bytes, fill_len, fill (little-endian bytes); tile: row_bytes, tile_rows, pack;
 // f3: sn, col_pad, row_pad.
 struct StepParams {

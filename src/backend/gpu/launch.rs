@@ -296,115 +296,27 @@ pub fn params(launch: &MoeLaunch, plan: &Plan, ws: u64) -> KernelParams {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::gpu::mirror::assert_mirrors;
 
-    /// (name, C type) of each field of `struct Params` in the kernel source, in order.
-    fn kernel_fields() -> Vec<(String, String)> {
+    #[test]
+    fn kernel_params_match_the_kernel_source() {
         let src = super::super::cache::KERNEL_HEADERS
             .iter()
             .find(|(n, _)| *n == "moe_common.cuh")
             .expect("moe_common.cuh")
             .1;
-        let body = src
-            .split("struct Params {")
-            .nth(1)
-            .and_then(|rest| rest.split("};").next())
-            .expect("struct Params in moe_common.cuh");
-        let code: String = body
-            .lines()
-            .map(|l| l.split("//").next().unwrap_or(""))
-            .collect::<Vec<_>>()
-            .join(" ");
-        let mut fields = Vec::new();
-        for decl in code.split(';') {
-            let mut words = decl.split_whitespace();
-            let Some(ty) = words.next() else { continue };
-            for name in words.collect::<String>().split(',') {
-                fields.push((name.trim().to_string(), ty.to_string()));
-            }
-        }
-        fields
-    }
-
-    #[test]
-    fn kernel_params_match_the_kernel_source() {
-        // Rust names of the kernel's fields where they differ (a keyword, or Rust's case).
-        let rust_name = |c: &str| match c {
-            "as" => "as_".to_string(),
-            other => other.to_lowercase(),
-        };
-        let kernel = kernel_fields();
-        assert!(
-            kernel.len() > 30,
-            "parsed {} fields of struct Params",
-            kernel.len()
+        assert_mirrors!(KernelParams, src, "Params",
+            x => "x", w13 => "w13", w13_scale => "w13_scale", w13_bias => "w13_bias",
+            w2 => "w2", w2_scale => "w2_scale", w2_bias => "w2_bias",
+            topk_weights => "topk_weights", topk_ids => "topk_ids",
+            expert_mask => "expert_mask", num_local_tokens => "num_local_tokens", out => "out",
+            total_tiles => "total_tiles", tile_expert => "tile_expert",
+            sorted_rows => "sorted_rows", pair_local => "pair_local", inter => "inter", y => "y",
+            amax => "amax", xq => "xq", xs => "xs", aq => "aq", as_ => "as", m => "M",
+            topk => "topk", e => "E", e_global => "E_global", h => "H", hp => "Hp", i => "I",
+            ip => "Ip", x_cols => "x_cols", out_cols => "out_cols", max_tiles => "max_tiles",
+            ng1 => "ng1", alpha => "alpha", limit => "limit", has_limit => "has_limit",
+            ng2 => "ng2",
         );
-        // Offsets: each field's offset as the C struct lays it out (natural alignment).
-        let p = KernelParams::default();
-        let base = &p as *const KernelParams as usize;
-        let mut off = 0usize;
-        for (name, ty) in &kernel {
-            let size = match ty.as_str() {
-                "u64" => 8,
-                "int" | "float" => 4,
-                other => panic!("unexpected field type {other} of {name}"),
-            };
-            off = off.div_ceil(size) * size;
-            let rust_off = rust_offset(&p, &rust_name(name)) - base;
-            assert_eq!(rust_off, off, "offset of {name}");
-            off += size;
-        }
-        assert_eq!(std::mem::size_of::<KernelParams>(), off.div_ceil(8) * 8);
-    }
-
-    fn rust_offset(p: &KernelParams, name: &str) -> usize {
-        macro_rules! at {
-            ($($f:ident),*) => {
-                match name {
-                    $(stringify!($f) => &p.$f as *const _ as usize,)*
-                    other => panic!("no KernelParams field {other}"),
-                }
-            };
-        }
-        at!(
-            x,
-            w13,
-            w13_scale,
-            w13_bias,
-            w2,
-            w2_scale,
-            w2_bias,
-            topk_weights,
-            topk_ids,
-            expert_mask,
-            num_local_tokens,
-            out,
-            total_tiles,
-            tile_expert,
-            sorted_rows,
-            pair_local,
-            inter,
-            y,
-            amax,
-            xq,
-            xs,
-            aq,
-            as_,
-            m,
-            topk,
-            e,
-            e_global,
-            h,
-            hp,
-            i,
-            ip,
-            x_cols,
-            out_cols,
-            max_tiles,
-            ng1,
-            alpha,
-            limit,
-            has_limit,
-            ng2
-        )
     }
 }

@@ -9,6 +9,8 @@ pub mod heuristics;
 pub mod hip;
 pub mod kernel_configs;
 pub mod launch;
+#[cfg(test)]
+pub(crate) mod mirror;
 pub mod prep;
 pub mod selftest;
 pub mod spec;

@@ -325,9 +325,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn params_match_the_kernel_structs() {
-        assert_eq!(std::mem::size_of::<RowMap>(), 7 * 8);
-        assert_eq!(std::mem::size_of::<StepParams>(), 14 * 8);
-        assert_eq!(std::mem::size_of::<QuantParams>(), 6 * 8 + 4 * 4);
+    fn params_match_the_kernel_source() {
+        use crate::backend::gpu::mirror::assert_mirrors;
+        use crate::prep::steps::RowMap;
+        let src = super::super::cache::PREP_SOURCE;
+        assert_mirrors!(RowMap, src, "RowMap",
+            group_rows => "group_rows", groups => "groups", src_group_rows => "src_group_rows",
+            half_out => "half_out", half_in => "half_in", mode => "mode", block => "block");
+        assert_mirrors!(StepParams, src, "StepParams",
+            dst => "dst", src => "src", units => "units", src_row_bytes => "src_row_bytes",
+            a => "a", b => "b", c => "c", map => "map");
+        assert_mirrors!(QuantParams, src, "QuantParams",
+            src => "src", q => "q", scale => "scale", blocks => "blocks", ks => "ks", sn => "sn",
+            src_type => "src_type", dtype => "dtype", mode => "mode", pad0 => "pad0");
     }
 }
