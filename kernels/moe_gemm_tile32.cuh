@@ -25,7 +25,7 @@
 #define BN2 128              // stage-2 output columns per block
 #if WFMT == WF_BF16 || WFMT == WF_FP16
 #define PACK 8
-#elif WFMT == WF_MXFP4
+#elif WFMT == WF_MXFP4 && WLAYOUT == WL_AITER_16X16 && SLAYOUT == SL_AITER_E8M0
 #define PACK 32
 #else
 #define PACK 16
@@ -392,5 +392,17 @@ __device__ void moe_gemm_tc(const Params& p) {
     }
 }
 
-MP_KERNEL void __launch_bounds__(THREADS) moe_stage1(Params p) { moe_gemm_tc<true>(p); }
-MP_KERNEL void __launch_bounds__(THREADS) moe_stage2(Params p) { moe_gemm_tc<false>(p); }
+// An explicit register budget: two blocks per SM (the hi/lo split paths need more registers:
+// one). Without it ptxas picked ~80 registers for some configurations and spilled (the
+// compile check fails on any spill).
+#if SPLIT_A || SPLIT_B
+#define T32_MIN_BLOCKS 1
+#else
+#define T32_MIN_BLOCKS 2
+#endif
+MP_KERNEL void __launch_bounds__(THREADS, T32_MIN_BLOCKS) moe_stage1(Params p) {
+  moe_gemm_tc<true>(p);
+}
+MP_KERNEL void __launch_bounds__(THREADS, T32_MIN_BLOCKS) moe_stage2(Params p) {
+  moe_gemm_tc<false>(p);
+}
