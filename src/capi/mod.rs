@@ -16,7 +16,6 @@ pub mod types;
 
 use libc::c_char;
 
-use self::args::check_out_struct;
 use self::panic::{guard, guard_value, last_error_ptr, symver};
 use self::types::*;
 use crate::backend::{self, Caps};
@@ -98,7 +97,14 @@ pub unsafe extern "C" fn moeplug_get_caps(
     out: *mut moeplug_caps,
 ) -> moeplug_status {
     status(guard("moeplug_get_caps", || {
-        check_out_struct(out, "out")?;
+        args::non_null(out as *const moeplug_caps, "out")?;
+        let size = std::ptr::read_unaligned(out as *const u32) as usize;
+        if size < CAPS_V1_0_SIZE {
+            crate::bail!(
+                invalid,
+                "out.struct_size: expected at least {CAPS_V1_0_SIZE} (sizeof v1.0), got {size}"
+            );
+        }
         let device = DeviceKind::from_raw("device_type", device_type)?;
         let caps = backend::for_device(device, device_id)?.caps();
         write_caps(out, &caps, device_type, device_id);
@@ -122,10 +128,14 @@ unsafe fn write_caps(out: *mut moeplug_caps, caps: &Caps, device_type: i32, devi
         weight_layouts: caps.weight_layouts,
         scale_layouts: caps.scale_layouts,
         features: caps.features,
+        max_tokens: caps.limits.max_tokens,
+        max_topk: caps.limits.max_topk,
     };
     copy_c_string(&mut c.arch, &caps.arch);
     copy_c_string(&mut c.runtime_version, &caps.runtime_version);
-    std::ptr::write_unaligned(out, c);
+    // A 1.0 caller's struct ends at `features`: write no byte past its struct_size.
+    let n = (c.struct_size as usize).min(std::mem::size_of::<moeplug_caps>());
+    std::ptr::copy_nonoverlapping(&c as *const moeplug_caps as *const u8, out as *mut u8, n);
 }
 
 fn copy_c_string(dst: &mut [c_char; 32], s: &str) {

@@ -301,7 +301,16 @@ pub struct moeplug_caps {
     pub scale_layouts: u32,
     /// `moeplug_feature` bits.
     pub features: u32,
+    /// Added in 1.1 (written when `struct_size` covers them): the most rows of
+    /// hidden_states (M) and slots per token (k) one launch may have; larger launches are
+    /// UNSUPPORTED. UINT64_MAX: only memory bounds it.
+    pub max_tokens: u64,
+    pub max_topk: u64,
 }
+
+/// `sizeof(moeplug_caps)` of the 1.0 header (through `features`): the smallest a caller may
+/// pass; fields past it are written only when `struct_size` covers them.
+pub const CAPS_V1_0_SIZE: usize = std::mem::offset_of!(moeplug_caps, features) + 4;
 
 /// AITER `shuffle_weight`: `src`, `dst` `[..., N, K]` (K in storage elements: bytes for fp4x2).
 #[repr(C)]
