@@ -514,9 +514,9 @@ impl Launch<'_> {
         h + ldh + self.shape.output_cols + k * (3 * i + ldi + h + 5 + BLOCK_ROWS * workers)
     }
 
-    fn chunk(&self, workers: usize) -> Result<Chunk> {
+    fn chunk(&self, workers: usize, budget: usize) -> Result<Chunk> {
         let per = self.floats_per_token(workers).max(1) * 4;
-        let tokens = (SCRATCH_BUDGET / per).clamp(1, self.m.max(1));
+        let tokens = (budget / per).clamp(1, self.m.max(1));
         let pairs = tokens * self.topk;
         let mut scratch = Vec::new();
         if scratch.try_reserve_exact(workers).is_err() {
@@ -732,6 +732,11 @@ impl Launch<'_> {
 /// The launch; `shape` comes from `check_launch`. All scratch is allocated before the output
 /// is touched, so a failed allocation (OUT_OF_MEMORY) leaves the output as it was.
 pub fn fused_moe(launch: &MoeLaunch, shape: &LaunchShape) -> Result<()> {
+    fused_moe_within(launch, shape, SCRATCH_BUDGET)
+}
+
+/// [`fused_moe`] with chunks sized to `budget` bytes of scratch.
+fn fused_moe_within(launch: &MoeLaunch, shape: &LaunchShape, budget: usize) -> Result<()> {
     let c = &launch.config;
     let l = &c.layout;
     let (m, topk) = (shape.m, shape.topk);
@@ -823,7 +828,7 @@ pub fn fused_moe(launch: &MoeLaunch, shape: &LaunchShape) -> Result<()> {
     // SAFETY: the output is host memory of [m, output_cols] 16-bit values, checked not to
     // overlap any input.
     let output: &mut [u16] = unsafe { launch.output.host_slice_mut()? };
-    let mut ch = run.chunk(threads())?;
+    let mut ch = run.chunk(threads(), budget)?;
     let chunks = || {
         (0..m)
             .step_by(ch.tokens.max(1))
@@ -858,6 +863,115 @@ pub fn fused_moe(launch: &MoeLaunch, shape: &LaunchShape) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Chunks of one token give the bits of one chunk for the whole launch: per-token and
+    /// per-tensor fp8 activations (whose amax spans every chunk), num_local_tokens inside a
+    /// chunk, out-of-range ids.
+    #[test]
+    fn tiling_over_tokens_changes_no_bit() {
+        use crate::layout::Layout;
+        use crate::moe::{check::check_launch, MoeConfig};
+        use crate::tensor::DeviceKind;
+        use crate::types::Activation;
+        let (m, k, e, h, i) = (37usize, 3usize, 2usize, 32usize, 32usize);
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        let mut w13: Vec<u8> = (0..e * 2 * i * h)
+            .map(|_| (next() % 0x38) as u8 | (next() as u8 & 0x80))
+            .collect();
+        let mut w2: Vec<u8> = (0..e * h * i)
+            .map(|_| (next() % 0x38) as u8 | (next() as u8 & 0x80))
+            .collect();
+        let mut scale: Vec<f32> = vec![0.05, 0.08];
+        let mut x: Vec<u16> = (0..m * h)
+            .map(|_| half::bf16::from_f32((next() % 200) as f32 / 50.0 - 2.0).to_bits())
+            .collect();
+        let mut ids: Vec<i32> = (0..m * k).map(|_| (next() % 3) as i32).collect();
+        let mut wts: Vec<f32> = (0..m * k).map(|_| (next() % 100) as f32 / 100.0).collect();
+        let mut nlt = vec![30i32];
+        let t = |name, ptr: *mut u8, elem, shape: &[usize]| Tensor {
+            name,
+            ptr,
+            device: DeviceKind::Cpu,
+            device_id: 0,
+            elem,
+            shape: shape.to_vec(),
+        };
+        for (act, with_nlt) in [
+            (ActDtype::Fp8PerTensor, false),
+            (ActDtype::Fp8PerToken, true),
+        ] {
+            let layout = Layout::new(
+                3,
+                1,
+                1,
+                0,
+                e as i64,
+                [h as i64, i as i64, h as i64, i as i64],
+                0,
+            )
+            .unwrap();
+            let mut run = |budget: usize| {
+                let mut out = vec![0u16; m * h];
+                let launch = MoeLaunch {
+                    config: MoeConfig {
+                        layout,
+                        activation: Activation::Silu,
+                        alpha: 1.702,
+                        limit: None,
+                        act_dtype: act,
+                        router_weight_on_input: false,
+                        has_expert_mask: false,
+                        has_num_local_tokens: with_nlt,
+                    },
+                    hidden_states: t(
+                        "hidden_states",
+                        x.as_mut_ptr() as _,
+                        ElemType::Bf16,
+                        &[m, h],
+                    ),
+                    hidden_scale: None,
+                    w13: t("w13", w13.as_mut_ptr(), ElemType::Fp8E4m3fn, &[e, 2 * i, h]),
+                    w13_scale: Some(t("w13_scale", scale.as_mut_ptr() as _, ElemType::F32, &[e])),
+                    w13_bias: None,
+                    w2: t("w2", w2.as_mut_ptr(), ElemType::Fp8E4m3fn, &[e, h, i]),
+                    w2_scale: Some(t("w2_scale", scale.as_mut_ptr() as _, ElemType::F32, &[e])),
+                    w2_bias: None,
+                    topk_weights: t(
+                        "topk_weights",
+                        wts.as_mut_ptr() as _,
+                        ElemType::F32,
+                        &[m, k],
+                    ),
+                    topk_ids: t("topk_ids", ids.as_mut_ptr() as _, ElemType::I32, &[m, k]),
+                    expert_mask: None,
+                    num_local_tokens: with_nlt.then(|| {
+                        t(
+                            "num_local_tokens",
+                            nlt.as_mut_ptr() as _,
+                            ElemType::I32,
+                            &[1],
+                        )
+                    }),
+                    output: t("output", out.as_mut_ptr() as _, ElemType::Bf16, &[m, h]),
+                    workspace: None,
+                    stream: 0,
+                };
+                let shape = check_launch(&launch).unwrap();
+                fused_moe_within(&launch, &shape, budget).unwrap();
+                out
+            };
+            let whole = run(SCRATCH_BUDGET);
+            assert!(whole.iter().any(|&v| v != 0), "{act:?}: all zero");
+            assert_eq!(run(1), whole, "{act:?}: one token per chunk");
+            assert_eq!(run(7 * 4 * 1000), whole, "{act:?}: a few tokens per chunk");
+        }
+    }
 
     /// The AVX2 dot gives the same bits as the portable one (the fallback path of CPUs
     /// without AVX2), including a tail that is not a multiple of 16.
