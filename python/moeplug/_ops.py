@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _abi
-from ._tensor import describe, is_torch, ptr, as_array
+from ._tensor import as_array, c_int, describe, is_torch, ptr
 
 
 def _lib():
@@ -65,10 +65,10 @@ def shuffle_weight(src, *, layout_n=16, layout_k=16, use_int4=False, is_guinterl
     src = _stored(src)
     k = src.shape[-1]
     if out is None:
-        kp = _ceil_to(k, pad_k_to) if pad_k_to and pad_k_to > 0 else k
+        kp = _ceil_to(k, c_int(pad_k_to, "pad_k_to", 64)) if pad_k_to and pad_k_to > 0 else k
         out = _empty_like(src, tuple(src.shape[:-1]) + (kp,))
     s, d = describe(src, "src"), describe(out, "dst", writable=True)
-    args = _abi.ShuffleWeightArgs(src=ptr(s), dst=ptr(d), layout_n=layout_n, layout_k=layout_k, use_int4=int(use_int4), is_guinterleave=int(is_guinterleave), gate_up=int(gate_up), pad_k_to=pad_k_to)
+    args = _abi.ShuffleWeightArgs(src=ptr(s), dst=ptr(d), layout_n=c_int(layout_n, "layout_n"), layout_k=c_int(layout_k, "layout_k"), use_int4=int(use_int4), is_guinterleave=int(is_guinterleave), gate_up=int(gate_up), pad_k_to=c_int(pad_k_to, "pad_k_to", 64))
     _check(_lib().moeplug_shuffle_weight(ctypes.byref(args), _stream_of(src, stream)))
     return out
 
@@ -86,7 +86,7 @@ def shuffle_scale(src, *, num_experts=0, is_guinterleave=False, gate_up=False, o
             shape = (_ceil_to(m, 256), _ceil_to(n, 8))
         out = _empty_like(src, shape)
     s, d = describe(src, "src"), describe(out, "dst", writable=True)
-    args = _abi.ShuffleScaleArgs(src=ptr(s), dst=ptr(d), num_experts=num_experts, is_guinterleave=int(is_guinterleave), gate_up=int(gate_up))
+    args = _abi.ShuffleScaleArgs(src=ptr(s), dst=ptr(d), num_experts=c_int(num_experts, "num_experts"), is_guinterleave=int(is_guinterleave), gate_up=int(gate_up))
     _check(_lib().moeplug_shuffle_scale(ctypes.byref(args), _stream_of(src, stream)))
     return out
 
@@ -177,11 +177,11 @@ def _prepare_args(w13, w2, weight_format, w13_scale, w2_scale, w13_bias, w2_bias
     args = _abi.PrepareMoeArgs(
         weight_format=_enum(WEIGHT_FORMATS, weight_format, "weight_format"),
         gate_mode_in=_enum(GATE_MODES, gate_mode_in, "gate_mode_in"),
-        device_type=dev_type,
-        device_id=dev_id,
+        device_type=c_int(dev_type, "device_type"),
+        device_id=c_int(dev_id, "device_id"),
         act_dtype=_enum(ACT_DTYPES, config.get("act_dtype"), "act_dtype"),
-        hidden_align=int(config.get("hidden_align", 0)),
-        intermediate_align=int(config.get("intermediate_align", 0)),
+        hidden_align=c_int(config.get("hidden_align", 0), "hidden_align"),
+        intermediate_align=c_int(config.get("intermediate_align", 0), "intermediate_align"),
     )
     for k, d in described.items():
         setattr(args, k, ptr(d))
@@ -293,4 +293,4 @@ def check_fused_moe(prepared_or_layout, *, device="cpu", activation="silu", alph
     if num_local_tokens:
         args.num_local_tokens = ctypes.pointer(dummy)
     dev_type, dev_id = parse_device(device)
-    _check(_lib().moeplug_check_fused_moe(dev_type, dev_id, ctypes.byref(args)))
+    _check(_lib().moeplug_check_fused_moe(c_int(dev_type, "device_type"), c_int(dev_id, "device_id"), ctypes.byref(args)))
