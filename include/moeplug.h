@@ -459,6 +459,13 @@ typedef struct moeplug_caps {
    * `moeplug_feature` bits.
    */
   uint32_t features;
+  /**
+   * Not in the 1.0 header (written only when `struct_size` covers them): the most rows of
+   * hidden_states (M) and slots per token (k) one launch may have; larger launches are
+   * UNSUPPORTED. UINT64_MAX: only memory bounds it.
+   */
+  uint64_t max_tokens;
+  uint64_t max_topk;
 } moeplug_caps;
 
 /**

@@ -301,7 +301,7 @@ pub struct moeplug_caps {
     pub scale_layouts: u32,
     /// `moeplug_feature` bits.
     pub features: u32,
-    /// Added in 1.1 (written when `struct_size` covers them): the most rows of
+    /// Not in the 1.0 header (written only when `struct_size` covers them): the most rows of
     /// hidden_states (M) and slots per token (k) one launch may have; larger launches are
     /// UNSUPPORTED. UINT64_MAX: only memory bounds it.
     pub max_tokens: u64,
