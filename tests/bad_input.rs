@@ -15,6 +15,10 @@ extern "C" {
         a: *const moeplug_shuffle_weight_args,
         s: *mut libc::c_void,
     ) -> moeplug_status;
+    fn moeplug_pad_weights(
+        a: *const moeplug_pad_weights_args,
+        s: *mut libc::c_void,
+    ) -> moeplug_status;
     fn moeplug_prepare_moe_sizes(
         a: *const moeplug_prepare_moe_args,
         out: *mut moeplug_prepare_moe_sizes_out,
@@ -566,5 +570,33 @@ impl Big {
         a.output = &out;
         let st = unsafe { moeplug_fused_moe(&a) };
         (st, last_error())
+    }
+}
+
+/// pad_weights of e8m0 scales with fill 2^-127: code 0x00 is exactly that value (it was
+/// refused as "not exactly representable"); 2^-126 is 0x01.
+#[test]
+fn e8m0_fill_of_2_pow_minus_127_is_code_zero() {
+    let (s, d) = ([1i64, 2, 1], [1i64, 2, 3]);
+    for (fill, code) in [(2f64.powi(-127), 0x00u8), (2f64.powi(-126), 0x01)] {
+        let mut src = [0x7Fu8; 2];
+        let mut dst = [0xEEu8; 6];
+        let ts = desc(src.as_mut_ptr(), &s, (14, 8));
+        let td = desc(dst.as_mut_ptr(), &d, (14, 8));
+        let a = moeplug_pad_weights_args {
+            struct_size: std::mem::size_of::<moeplug_pad_weights_args>() as u32,
+            src: &ts,
+            dst: &td,
+            gate_up: 0,
+            fill,
+        };
+        let st = unsafe { moeplug_pad_weights(&a, ptr::null_mut()) };
+        assert_eq!(
+            st,
+            moeplug_status::MoeplugOk,
+            "fill {fill}: {}",
+            last_error()
+        );
+        assert_eq!(dst, [0x7F, code, code, 0x7F, code, code], "fill {fill}");
     }
 }
