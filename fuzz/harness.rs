@@ -12,7 +12,7 @@
 //! After every call: the status is documented and never INTERNAL; a failure has a message
 //! that begins with the function's name; on failure no byte of any buffer changed; on success
 //! no input changed; guard bytes are intact everywhere; a successful fused_moe gives the same
-//! bytes when run again.
+//! bytes when run again (a quarter of the time: it doubles the cost).
 
 #![allow(clippy::too_many_arguments)]
 
@@ -263,7 +263,7 @@ fn bend(inp: &mut Input, d: &mut Desc) {
     if inp.chance(20) && nd > 0 {
         let i = inp.below(nd);
         let v = d.shape[i];
-        d.shape[i] = inp.pick(&[0, 1, v + 1, v - 1, v * 2, -1, 1 << 40, i64::MAX, 1 << 31]);
+        d.shape[i] = inp.pick(&[0, 1, v.wrapping_add(1), v.wrapping_sub(1), v.wrapping_mul(2), -1, 1 << 40, i64::MAX, 1 << 31]);
     }
     if inp.chance(20) {
         let (c, b) = inp.pick(&DTYPES);
@@ -279,7 +279,7 @@ fn bend(inp: &mut Input, d: &mut Desc) {
         }
         if nd > 0 && inp.chance(2) {
             let i = inp.below(nd);
-            d.strides[i] = inp.pick(&[0, 2, -1, d.strides[i] + 1, 1 << 40]);
+            d.strides[i] = inp.pick(&[0, 2, -1, d.strides[i].wrapping_add(1), 1 << 40]);
         }
         d.t.strides = 1 as *const i64; // filled in by the caller once boxed
     }
@@ -1000,7 +1000,7 @@ fn fused(
     }
     let ok = documented("moeplug_fused_moe", unsafe { moeplug_fused_moe(ab.ptr()) });
     b.verify("moeplug_fused_moe", &before, ok, &[out.buf]);
-    if ok && m * k <= 256 {
+    if ok && m * k <= 256 && inp.below(4) == 0 {
         // The same launch again gives the same bytes.
         let first = b.0[out.buf].body().to_vec();
         let ok2 = documented("moeplug_fused_moe", unsafe { moeplug_fused_moe(ab.ptr()) });

@@ -54,6 +54,14 @@ def _ceil_to(n, m):
     return (n + m - 1) // m * m
 
 
+def _dims(x, call, name, ndim, spelled):
+    """ValueError naming the call and argument unless `x` has `ndim` dimensions (a tuple:
+    any of them); before the shape is indexed, so the caller never sees an IndexError."""
+    nd = len(getattr(x, "shape", ()))
+    if nd not in (ndim if isinstance(ndim, tuple) else (ndim,)):
+        raise ValueError(f"{call}: {name}: expected {spelled}, got shape {tuple(getattr(x, 'shape', ()))}")
+
+
 def _stored(x):
     """The array as it will be passed (fp4 values packed to bytes)."""
     d = describe(x)
@@ -63,6 +71,7 @@ def _stored(x):
 def shuffle_weight(src, *, layout_n=16, layout_k=16, use_int4=False, is_guinterleave=False, gate_up=False, pad_k_to=0, out=None, stream=None):
     """AITER shuffle_weight (F1/F2). `src` [..., N, K] in storage elements (fp4: uint8 bytes)."""
     src = _stored(src)
+    _dims(src, "shuffle_weight", "src", (2, 3, 4, 5, 6, 7, 8), "[..., N, K] (at least 2 dimensions)")
     k = src.shape[-1]
     if out is None:
         kp = _ceil_to(k, c_int(pad_k_to, "pad_k_to", 64)) if pad_k_to and pad_k_to > 0 else k
@@ -76,6 +85,7 @@ def shuffle_weight(src, *, layout_n=16, layout_k=16, use_int4=False, is_guinterl
 def shuffle_scale(src, *, num_experts=0, is_guinterleave=False, gate_up=False, out=None, stream=None):
     """AITER shuffle_scale / e8m0_shuffle (F3/F4); fp32 scales are copied through."""
     src = as_array(src)
+    _dims(src, "shuffle_scale", "src", 2, "[m, n] (2 dimensions)")
     if out is None:
         m, n = src.shape[-2], src.shape[-1]
         if str(src.dtype).endswith("float32"):
@@ -94,6 +104,7 @@ def shuffle_scale(src, *, num_experts=0, is_guinterleave=False, gate_up=False, o
 def pad_weights(src, *, rows, cols=None, gate_up=False, fill=0, out=None, stream=None):
     """Zero padding [E, N, K] -> [E, rows, cols] (or [E, N] biases -> [E, rows])."""
     src = _stored(src)
+    _dims(src, "pad_weights", "src", (2, 3), "[E, N, K] or [E, N] (3 or 2 dimensions)")
     if out is None:
         shape = (src.shape[0], rows) if src.ndim == 2 else (src.shape[0], rows, cols if cols is not None else src.shape[-1])
         out = _empty_like(src, shape)
@@ -108,6 +119,7 @@ def swizzle_scale(src, *, layout="cdna4", out=None, stream=None):
     from . import SCALE_LAYOUTS
 
     src = as_array(src)
+    _dims(src, "swizzle_scale", "src", 3, "[E, N, K/32] (3 dimensions)")
     if out is None:
         e, n, ks = src.shape
         out = _empty_like(src, (e, _ceil_to(n, 32) // 32, _ceil_to(ks, 8) * 32))
@@ -129,6 +141,7 @@ def quantize_mx(x, *, fmt="mxfp4", round_mode="up", shuffle_scale=False, stream=
     if fmt not in _MX_FORMATS:
         raise ValueError(f"fmt: expected one of {', '.join(_MX_FORMATS)}, got {fmt!r}")
     code, fp8 = _MX_FORMATS[fmt]
+    _dims(x, "quantize_mx", "x", (1, 2, 3, 4, 5, 6, 7, 8), "[..., K] (at least 1 dimension)")
     k = x.shape[-1]
     rows = int(np.prod(x.shape[:-1])) if x.ndim > 1 else 1
     if is_torch(x):
@@ -248,6 +261,10 @@ def _fused_args(hidden_states, prepared, topk_weights, topk_ids, activation, alp
 def fused_moe(hidden_states, prepared, topk_weights, topk_ids, *, activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, expert_mask=None, num_local_tokens=None, hidden_scale=None, out=None, workspace=None, stream=None):
     """out[t] = Σ_s w[t,s] · act(x_t W13[e]ᵀ + b13) W2[e]ᵀ + b2 (API.md §6); returns `out`."""
     hidden_states = as_array(hidden_states)
+    if not isinstance(prepared, Prepared):
+        raise TypeError(f"fused_moe: prepared: expected the Prepared that prepare_moe returned, got {type(prepared).__name__}")
+    if hidden_states is None:
+        raise TypeError("fused_moe: hidden_states: must not be None")
     if out is None:
         out = _empty_like(hidden_states, hidden_states.shape)
     keep = []
@@ -255,7 +272,11 @@ def fused_moe(hidden_states, prepared, topk_weights, topk_ids, *, activation="si
     args.stream = _stream_of(hidden_states, stream)
     if workspace is None:
         need = ctypes.c_size_t(0)
-        _check(_lib().moeplug_fused_moe_workspace_size(ctypes.byref(args), ctypes.byref(need)))
+        if _lib().moeplug_fused_moe_workspace_size(ctypes.byref(args), ctypes.byref(need)) != 0:
+            # The query checks what the launch checks: let the launch report it, so the
+            # error names the call the caller made (moeplug_fused_moe), not the query.
+            _check(_lib().moeplug_fused_moe(ctypes.byref(args)))
+            _check(_lib().moeplug_fused_moe_workspace_size(ctypes.byref(args), ctypes.byref(need)))
         if need.value:
             workspace = _empty_like(hidden_states, (need.value,), _byte_dtype(hidden_states))
     if workspace is not None:
