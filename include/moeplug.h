@@ -876,8 +876,11 @@ moeplug_status moeplug_fused_moe_workspace_size(const struct moeplug_fused_moe_a
  *
  * Errors: INVALID_ARGUMENT (NULL or malformed argument), LAYOUT_MISMATCH (a tensor disagrees
  * with the record, or the record with what the backend reads), UNSUPPORTED (the backend
- * cannot run this configuration: `moeplug_check_fused_moe` says so up front),
- * BUFFER_TOO_SMALL (workspace), BACKEND_UNAVAILABLE / DEVICE_ERROR / COMPILE_ERROR (GPU).
+ * cannot run this configuration: `moeplug_check_fused_moe` says so up front; or M / k above
+ * the backend's `moeplug_caps.max_tokens` / `max_topk`), BUFFER_TOO_SMALL (workspace),
+ * OUT_OF_MEMORY (the CPU backend's bounded host scratch could not be allocated),
+ * BACKEND_UNAVAILABLE / DEVICE_ERROR / COMPILE_ERROR (GPU). Every tensor's `data +
+ * byte_offset + bytes` must lie below 2^57 (the user address space), else INVALID_ARGUMENT.
  * `output` is written only on success for host tensors.
  */
 moeplug_status moeplug_fused_moe(const struct moeplug_fused_moe_args *args);
