@@ -199,11 +199,12 @@ impl Bufs {
         d.t.ndim = shape.len() as i32;
         let (shape0, dtype0) = (d.shape, d.t.dtype);
         bend(inp, &mut d);
-        // A shape that claims more bytes than the buffer holds (but not absurdly many) would
-        // be the caller's memory error, not a finding: keep those honest.
+        // A shape that claims more bytes than the buffer holds is the caller's memory error,
+        // not a finding, unless no caller could own that much (past the 2^57 user space,
+        // which the library must refuse): keep the others honest.
         let claimed = described(&d);
         let len = self.0[d.buf].len as u128;
-        if matches!(claimed, Some(n) if n > len && n < 1 << 40) {
+        if matches!(claimed, Some(n) if n > len && n < 1 << 57) {
             d.shape = shape0;
             d.t.dtype = dtype0;
         }
@@ -263,7 +264,17 @@ fn bend(inp: &mut Input, d: &mut Desc) {
     if inp.chance(20) && nd > 0 {
         let i = inp.below(nd);
         let v = d.shape[i];
-        d.shape[i] = inp.pick(&[0, 1, v.wrapping_add(1), v.wrapping_sub(1), v.wrapping_mul(2), -1, 1 << 40, i64::MAX, 1 << 31]);
+        d.shape[i] = inp.pick(&[
+            0,
+            1,
+            v.wrapping_add(1),
+            v.wrapping_sub(1),
+            v.wrapping_mul(2),
+            -1,
+            1 << 40,
+            i64::MAX,
+            1 << 31,
+        ]);
     }
     if inp.chance(20) {
         let (c, b) = inp.pick(&DTYPES);
@@ -428,6 +439,28 @@ fn enum_value(inp: &mut Input, valid: &[i32]) -> i32 {
     } else {
         inp.pick(valid)
     }
+}
+
+/// With MOEPLUG_FUZZ_TRACE set, each call's descriptors go to stderr (to triage a finding).
+fn trace(what: &str, ts: &[&Desc]) {
+    if std::env::var_os("MOEPLUG_FUZZ_TRACE").is_none() {
+        return;
+    }
+    let show: Vec<String> = ts
+        .iter()
+        .map(|d| {
+            let nd = d.t.ndim.clamp(0, 8) as usize;
+            format!(
+                "shape {:?} dtype {:?} dev {} off {:#x} strides {}",
+                &d.shape[..nd],
+                (d.t.dtype.code, d.t.dtype.bits, d.t.dtype.lanes),
+                d.t.device.device_type,
+                d.t.byte_offset,
+                !d.t.strides.is_null()
+            )
+        })
+        .collect();
+    eprintln!("{what}: {show:#?}");
 }
 
 /// One input: a few calls.
@@ -597,6 +630,10 @@ fn pad_weights(inp: &mut Input) {
         ]),
     };
     let ab = ArgBuf::new(inp, &a);
+    trace("moeplug_pad_weights", &[&src, &dst]);
+    if std::env::var_os("MOEPLUG_FUZZ_TRACE").is_some() {
+        eprintln!("gate_up {} fill {}", a.gate_up, a.fill);
+    }
     let before = b.snapshot();
     // SAFETY: as in shuffle_weight.
     let ok = documented("moeplug_pad_weights", unsafe {

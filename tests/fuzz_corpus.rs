@@ -17,6 +17,15 @@ fn corpus() -> Vec<std::path::PathBuf> {
     files
 }
 
+/// `MOEPLUG_FUZZ_REPLAY=path cargo test --release --test fuzz_corpus replay -- --nocapture`
+/// (with MOEPLUG_FUZZ_TRACE=1 to print the descriptors): one input, to triage a finding.
+#[test]
+fn replay_one_input() {
+    if let Some(path) = std::env::var_os("MOEPLUG_FUZZ_REPLAY") {
+        harness::run(&std::fs::read(path).unwrap());
+    }
+}
+
 #[test]
 fn the_committed_corpus_replays_clean() {
     let files = corpus();
