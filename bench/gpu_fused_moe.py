@@ -17,7 +17,7 @@ import _abi  # noqa: E402
 from moe_ref import make_moe  # noqa: E402
 
 BW, PEAK = 4.3e12, 790e12
-# Activation dtype of every run: "default" = each format's DEFAULT (API.md §2: FP8_PER_TOKEN,
+# Activation dtype of every run: "default" = each format's DEFAULT (docs/abi.md §2: FP8_PER_TOKEN,
 # FP8_BLOCK128, MXFP8 quantize; MXFP4 and 16-bit formats run bf16).
 ACT = os.environ.get("BENCH_ACT", "default")
 MODELS = {  # E trimmed for memory; H, I, k real

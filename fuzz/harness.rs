@@ -485,8 +485,8 @@ fn caps(inp: &mut Input) {
     let mut out = vec![0xEEu8; STRUCT_BUF];
     let size = inp.pick(&[
         std::mem::size_of::<moeplug_caps>(),
-        CAPS_V1_0_SIZE,
-        CAPS_V1_0_SIZE - 4,
+        MOEPLUG_CAPS_SIZE_V1_0 as usize,
+        MOEPLUG_CAPS_SIZE_V1_0 as usize - 4,
         0,
         std::mem::size_of::<moeplug_caps>() + 64,
         STRUCT_BUF,

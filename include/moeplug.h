@@ -7,9 +7,13 @@
  *  - Thread-safe. Errors are per thread. A panic never crosses the boundary (MOEPLUG_INTERNAL).
  *  - Pointers are borrowed for the call; NULL where not documented as optional is
  *    MOEPLUG_INVALID_ARGUMENT. Outputs are written only on success.
- *  - Argument structs start with struct_size = sizeof(struct): smaller is
- *    MOEPLUG_INVALID_ARGUMENT, larger must have an all-zero tail (else MOEPLUG_UNSUPPORTED);
- *    a zero field means the documented default.
+ *  - Structs start with uint32_t struct_size, set by the caller to sizeof(struct) of the
+ *    header it was built with. Below the struct's MOEPLUG_*_SIZE_V1_0 is
+ *    MOEPLUG_INVALID_ARGUMENT; a smaller (older) input struct has its missing fields read as
+ *    zero; a larger (newer) one must have an all-zero tail past what this library knows (else
+ *    MOEPLUG_UNSUPPORTED). Output structs are written up to struct_size bytes and no further;
+ *    the library sets struct_size to the bytes it filled. A zero field means the documented
+ *    default. The full contract: docs/abi.md.
  *  - Every symbol carries the ELF version MOEPLUG_1.0; the soname is libmoeplug.so.1.
  */
 
@@ -28,6 +32,56 @@
 /** ABI version this header describes: (major << 16) | minor. */
 #define MOEPLUG_ABI_VERSION 0x10000u
 
+
+/**
+ * `sizeof(moeplug_caps)` in ABI 1.0.
+ */
+#define MOEPLUG_CAPS_SIZE_V1_0 112
+
+/**
+ * `sizeof(moeplug_layout)` in ABI 1.0.
+ */
+#define MOEPLUG_LAYOUT_SIZE_V1_0 64
+
+/**
+ * `sizeof(moeplug_fused_moe_args)` in ABI 1.0.
+ */
+#define MOEPLUG_FUSED_MOE_ARGS_SIZE_V1_0 160
+
+/**
+ * `sizeof(moeplug_shuffle_weight_args)` in ABI 1.0.
+ */
+#define MOEPLUG_SHUFFLE_WEIGHT_ARGS_SIZE_V1_0 56
+
+/**
+ * `sizeof(moeplug_shuffle_scale_args)` in ABI 1.0.
+ */
+#define MOEPLUG_SHUFFLE_SCALE_ARGS_SIZE_V1_0 40
+
+/**
+ * `sizeof(moeplug_pad_weights_args)` in ABI 1.0.
+ */
+#define MOEPLUG_PAD_WEIGHTS_ARGS_SIZE_V1_0 40
+
+/**
+ * `sizeof(moeplug_swizzle_scale_args)` in ABI 1.0.
+ */
+#define MOEPLUG_SWIZZLE_SCALE_ARGS_SIZE_V1_0 32
+
+/**
+ * `sizeof(moeplug_quantize_mx_args)` in ABI 1.0.
+ */
+#define MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_0 48
+
+/**
+ * `sizeof(moeplug_prepare_moe_args)` in ABI 1.0.
+ */
+#define MOEPLUG_PREPARE_MOE_ARGS_SIZE_V1_0 136
+
+/**
+ * `sizeof(moeplug_prepare_moe_sizes_out)` in ABI 1.0.
+ */
+#define MOEPLUG_PREPARE_MOE_SIZES_OUT_SIZE_V1_0 352
 
 /**
  * Status of every call; 0 is success. Values never change.
@@ -799,7 +853,8 @@ typedef struct moeplug_prepare_moe_sizes_out {
   uint64_t w2_scale_bytes;
   uint64_t w2_bias_bytes;
   /**
-   * The layout record the preparation will write.
+   * The layout record the preparation will write. Its `struct_size` is the bytes of it
+   * filled: `MOEPLUG_LAYOUT_SIZE_V1_0` for a caller of the 1.0 size of this struct.
    */
   struct moeplug_layout layout;
 } moeplug_prepare_moe_sizes_out;
@@ -832,9 +887,10 @@ const char *moeplug_version(void);
 
 /**
  * Fill `out` with what the backend of `(device_type, device_id)` can run.
- * `out->struct_size` must be set by the caller (>= sizeof(moeplug_caps)); written only on
- * success. CPU (1) always answers; CUDA (2) / ROCm (10) answer BACKEND_UNAVAILABLE with the
- * reason when the driver or runtime cannot be loaded. Thread-safe.
+ * `out->struct_size` must be set by the caller (at least MOEPLUG_CAPS_SIZE_V1_0); written
+ * only on success, and only up to `out->struct_size` bytes (docs/abi.md). CPU (1) always
+ * answers; CUDA (2) / ROCm (10) answer BACKEND_UNAVAILABLE with the reason when the driver
+ * or runtime cannot be loaded. Thread-safe.
  */
 moeplug_status moeplug_get_caps(int32_t device_type, int32_t device_id, struct moeplug_caps *out);
 
@@ -857,7 +913,7 @@ moeplug_status moeplug_fused_moe_workspace_size(const struct moeplug_fused_moe_a
 
 /**
  * Run fused MoE: `output[t] = Σ_s w[t,s] · (act(x_t W13[e]ᵀ + b13[e]) W2[e]ᵀ + b2[e])` with
- * e = topk_ids[t, s] (API.md §6), on the backend that owns the tensors' memory: host tensors
+ * e = topk_ids[t, s] (docs/abi.md §9), on the backend that owns the tensors' memory: host tensors
  * run synchronously on the CPU worker pool, device tensors asynchronously on `args->stream`.
  * A launch never allocates device memory, never synchronizes and never reads device memory
  * from the host (graph-capturable).
@@ -886,7 +942,7 @@ moeplug_status moeplug_fused_moe_workspace_size(const struct moeplug_fused_moe_a
 moeplug_status moeplug_fused_moe(const struct moeplug_fused_moe_args *args);
 
 /**
- * AITER `shuffle_weight` (LAYOUTS.md F1/F2) from `args->src` into `args->dst`, both
+ * AITER `shuffle_weight` (docs/layouts.md F1/F2) from `args->src` into `args->dst`, both
  * `[..., N, K]` (packed fp4 as `{17, 4, 1}` logical or uint8 bytes; K in storage elements
  * for the divisibility rules). `layout_n`/`layout_k` 0 → 16. `dst` has `src`'s shape, with K
  * rounded up to `pad_k_to` when that is > 0 (zero padding). `gate_up` requires
@@ -898,7 +954,7 @@ moeplug_status moeplug_fused_moe(const struct moeplug_fused_moe_args *args);
 moeplug_status moeplug_shuffle_weight(const struct moeplug_shuffle_weight_args *args, void *stream);
 
 /**
- * AITER `shuffle_scale` / `e8m0_shuffle` (LAYOUTS.md F3/F4): `src` `[m, n]` e8m0 (or uint8).
+ * AITER `shuffle_scale` / `e8m0_shuffle` (docs/layouts.md F3/F4): `src` `[m, n]` e8m0 (or uint8).
  * Without `is_guinterleave` (F3): `dst` `[⌈m/256⌉·256, ⌈n/8⌉·8]`, padding bytes 0x00
  * (AITER leaves them undefined); `num_experts` is ignored. With `is_guinterleave` (F4):
  * `num_experts` (> 0) experts of N = m/num_experts rows (N a multiple of 32), `dst`
@@ -919,7 +975,7 @@ moeplug_status moeplug_pad_weights(const struct moeplug_pad_weights_args *args, 
 
 /**
  * Scale swizzle of an e8m0 (or uint8) `src` `[E, N, K/32]` into `dst`:
- * `layout` 0 or CDNA4_SWIZZLE (3): triton_kernels' CDNA4 MX scale layout (LAYOUTS.md F5),
+ * `layout` 0 or CDNA4_SWIZZLE (3): triton_kernels' CDNA4 MX scale layout (docs/layouts.md F5),
  * `dst` `[E, ⌈N/32⌉, ⌈(K/32)/8⌉·8·32]` (its storage order), padding 0x00;
  * AITER_E8M0 (2): `e8m0_shuffle` of the `[E·N, K/32]` view, `dst`
  * `[⌈E·N/256⌉·256, ⌈(K/32)/8⌉·8]`, padding 0x00. PLAIN is not a swizzle (UNSUPPORTED).
@@ -967,6 +1023,23 @@ moeplug_status moeplug_prepare_moe_sizes(const struct moeplug_prepare_moe_args *
  * `*out_layout` (caller sets `struct_size`) is written on success.
  */
 moeplug_status moeplug_prepare_moe(const struct moeplug_prepare_moe_args *args, void *stream);
+
+/* Function-pointer types of every export, for dlvsym(handle, name, "MOEPLUG_1.0"). */
+typedef const char * (*moeplug_last_error_fn)(void);
+typedef const char * (*moeplug_status_name_fn)(int32_t status);
+typedef uint32_t (*moeplug_abi_version_fn)(void);
+typedef const char * (*moeplug_version_fn)(void);
+typedef moeplug_status (*moeplug_get_caps_fn)(int32_t device_type, int32_t device_id, struct moeplug_caps *out);
+typedef moeplug_status (*moeplug_check_fused_moe_fn)(int32_t device_type, int32_t device_id, const struct moeplug_fused_moe_args *args);
+typedef moeplug_status (*moeplug_fused_moe_workspace_size_fn)(const struct moeplug_fused_moe_args *args, size_t *bytes);
+typedef moeplug_status (*moeplug_fused_moe_fn)(const struct moeplug_fused_moe_args *args);
+typedef moeplug_status (*moeplug_shuffle_weight_fn)(const struct moeplug_shuffle_weight_args *args, void *stream);
+typedef moeplug_status (*moeplug_shuffle_scale_fn)(const struct moeplug_shuffle_scale_args *args, void *stream);
+typedef moeplug_status (*moeplug_pad_weights_fn)(const struct moeplug_pad_weights_args *args, void *stream);
+typedef moeplug_status (*moeplug_swizzle_scale_fn)(const struct moeplug_swizzle_scale_args *args, void *stream);
+typedef moeplug_status (*moeplug_quantize_mx_fn)(const struct moeplug_quantize_mx_args *args, void *stream);
+typedef moeplug_status (*moeplug_prepare_moe_sizes_fn)(const struct moeplug_prepare_moe_args *args, struct moeplug_prepare_moe_sizes_out *out);
+typedef moeplug_status (*moeplug_prepare_moe_fn)(const struct moeplug_prepare_moe_args *args, void *stream);
 
 #ifdef __cplusplus
 }  // extern "C"

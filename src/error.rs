@@ -1,56 +1,59 @@
 //! The error type of the safe core. Every failure carries the C status it maps to and a
 //! message that names the argument and the expected vs given value.
 
+use std::ffi::CStr;
 use std::fmt;
 
-/// Status codes of the C ABI (API.md §1). The values are fixed forever.
-#[repr(i32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Status {
-    Ok = 0,
-    InvalidArgument = 1,
-    Unsupported = 2,
-    LayoutMismatch = 3,
-    BackendUnavailable = 4,
-    DeviceError = 5,
-    CompileError = 6,
-    OutOfMemory = 7,
-    BufferTooSmall = 8,
-    Internal = 9,
+use crate::vocab::moeplug_status;
+
+macro_rules! statuses {
+    ($($variant:ident = $cv:ident => $name:literal),+ $(,)?) => {
+        /// Status codes of the C ABI (docs/abi.md), valued as `vocab::moeplug_status`.
+        #[repr(i32)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Status { $($variant = moeplug_status::$cv as i32),+ }
+
+        impl Status {
+            pub const ALL: &'static [Status] = &[$(Status::$variant),+];
+
+            /// The C spelling, e.g. "MOEPLUG_INVALID_ARGUMENT", NUL-terminated for C.
+            pub fn c_name(self) -> &'static CStr {
+                match self { $(Status::$variant => $name),+ }
+            }
+            /// The C value.
+            pub fn to_c(self) -> moeplug_status {
+                match self { $(Status::$variant => moeplug_status::$cv),+ }
+            }
+            /// A status added to `vocab` without a variant here does not compile.
+            #[allow(dead_code)]
+            fn of_c(s: moeplug_status) -> Status {
+                match s { $(moeplug_status::$cv => Status::$variant),+ }
+            }
+        }
+    };
 }
 
-impl Status {
-    pub const ALL: [Status; 10] = [
-        Status::Ok,
-        Status::InvalidArgument,
-        Status::Unsupported,
-        Status::LayoutMismatch,
-        Status::BackendUnavailable,
-        Status::DeviceError,
-        Status::CompileError,
-        Status::OutOfMemory,
-        Status::BufferTooSmall,
-        Status::Internal,
-    ];
+statuses!(
+    Ok = MoeplugOk => c"MOEPLUG_OK",
+    InvalidArgument = MoeplugInvalidArgument => c"MOEPLUG_INVALID_ARGUMENT",
+    Unsupported = MoeplugUnsupported => c"MOEPLUG_UNSUPPORTED",
+    LayoutMismatch = MoeplugLayoutMismatch => c"MOEPLUG_LAYOUT_MISMATCH",
+    BackendUnavailable = MoeplugBackendUnavailable => c"MOEPLUG_BACKEND_UNAVAILABLE",
+    DeviceError = MoeplugDeviceError => c"MOEPLUG_DEVICE_ERROR",
+    CompileError = MoeplugCompileError => c"MOEPLUG_COMPILE_ERROR",
+    OutOfMemory = MoeplugOutOfMemory => c"MOEPLUG_OUT_OF_MEMORY",
+    BufferTooSmall = MoeplugBufferTooSmall => c"MOEPLUG_BUFFER_TOO_SMALL",
+    Internal = MoeplugInternal => c"MOEPLUG_INTERNAL",
+);
 
+impl Status {
     pub fn from_code(code: i32) -> Option<Status> {
         Status::ALL.iter().copied().find(|s| *s as i32 == code)
     }
 
     /// The C spelling, e.g. "MOEPLUG_INVALID_ARGUMENT".
     pub fn name(self) -> &'static str {
-        match self {
-            Status::Ok => "MOEPLUG_OK",
-            Status::InvalidArgument => "MOEPLUG_INVALID_ARGUMENT",
-            Status::Unsupported => "MOEPLUG_UNSUPPORTED",
-            Status::LayoutMismatch => "MOEPLUG_LAYOUT_MISMATCH",
-            Status::BackendUnavailable => "MOEPLUG_BACKEND_UNAVAILABLE",
-            Status::DeviceError => "MOEPLUG_DEVICE_ERROR",
-            Status::CompileError => "MOEPLUG_COMPILE_ERROR",
-            Status::OutOfMemory => "MOEPLUG_OUT_OF_MEMORY",
-            Status::BufferTooSmall => "MOEPLUG_BUFFER_TOO_SMALL",
-            Status::Internal => "MOEPLUG_INTERNAL",
-        }
+        self.c_name().to_str().unwrap_or("UNKNOWN")
     }
 }
 

@@ -26,7 +26,7 @@ pub const MAX_NUM_EXPERTS: usize = 1 << 20;
 pub const MAX_SIZE: usize = 1 << 31;
 
 /// `moeplug_layout.flags` bit.
-pub const FLAG_HAS_BIAS: u32 = 1 << 0;
+pub const FLAG_HAS_BIAS: u32 = crate::vocab::moeplug_layout_flag::HasBias as u32;
 
 impl Layout {
     /// Check the record on its own: known enums, positive sizes, pads not negative, a scale

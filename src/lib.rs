@@ -3,6 +3,7 @@
 //!
 //! The safe core (`types`, `tensor`, `layout`, `quant`, `prep`, `moe`, `backend`) knows
 //! nothing of C; `capi` is the thin surface that validates, converts and maps errors.
+//! `vocab` holds the ABI's numbers (enum values, status codes, flag bits) once, for both.
 
 pub mod backend;
 pub mod capi;
@@ -13,6 +14,7 @@ pub mod prep;
 pub mod quant;
 pub mod tensor;
 pub mod types;
+mod vocab;
 
 pub use error::{Error, Result, Status};
 

@@ -1,4 +1,4 @@
-//! Number codecs of the MX and FP8 formats (LAYOUTS.md §1, §4): e2m1 (FP4), e8m0 block
+//! Number codecs of the MX and FP8 formats (docs/layouts.md §1, §4): e2m1 (FP4), e8m0 block
 //! scales, fp8 e4m3fn / e4m3fnuz. Decoders are exact table or bit maps.
 
 /// Magnitudes of the e2m1 codes 0..7 (bit 3 is the sign).
@@ -87,7 +87,7 @@ fn small_float_code(a: f32, mbits: u32, bias: i32) -> u32 {
 
 /// e2m1 (FP4) code of `x`: round to nearest, ties to the even code, saturating at ±6
 /// (±inf included), sign kept (−0.0 → 8). NaN gives code 3 (1.5), the value AITER's
-/// `f32_to_mxfp4` was observed to produce (LAYOUTS.md §1.1).
+/// `f32_to_mxfp4` was observed to produce (docs/layouts.md §1.1).
 #[inline]
 pub fn f32_to_e2m1(x: f32) -> u8 {
     if x.is_nan() {
@@ -224,7 +224,7 @@ pub enum MxDtype {
 }
 
 impl MxDtype {
-    /// (max_pos, target_max_pow2, mbits) of LAYOUTS.md §4.2.
+    /// (max_pos, target_max_pow2, mbits) of docs/layouts.md §4.
     pub fn constants(self) -> (f32, i32, u32) {
         match self {
             MxDtype::Fp4E2m1 => (6.0, 2, 1),
@@ -250,7 +250,7 @@ fn exp_field(v: f32) -> u32 {
 }
 
 /// e8m0 block-scale byte for a block whose largest magnitude is `amax`, under AITER's
-/// `f32_to_mx_e8m0_scale(amax, mode, dtype)` (LAYOUTS.md §4.2).
+/// `f32_to_mx_e8m0_scale(amax, mode, dtype)` (docs/layouts.md §4).
 #[inline]
 pub fn e8m0_scale_from_amax(amax: f32, mode: crate::types::RoundMode, dtype: MxDtype) -> u8 {
     use crate::types::RoundMode;
@@ -488,7 +488,7 @@ mod tests {
 
     #[test]
     fn e2m1_examples_from_the_spec() {
-        // LAYOUTS.md §1.1.
+        // docs/layouts.md §1.1.
         let cases = [
             (0.25, 0),
             (0.75, 2),
@@ -511,7 +511,7 @@ mod tests {
 
     #[test]
     fn e8m0_round_up_examples_from_the_spec() {
-        // LAYOUTS.md §4.2 (FP4).
+        // docs/layouts.md §4 (FP4).
         let cases = [
             (0.0, 0),
             (1e-40, 1),

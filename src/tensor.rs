@@ -57,33 +57,44 @@ impl ElemType {
     }
 }
 
-/// DLPack device types (API.md §1).
+/// DLPack device types (docs/abi.md §1).
+#[repr(i32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DeviceKind {
-    Cpu = 1,
-    Cuda = 2,
-    CudaHost = 3,
-    Rocm = 10,
-    RocmHost = 11,
-    CudaManaged = 13,
+    Cpu = T::Cpu as i32,
+    Cuda = T::Cuda as i32,
+    CudaHost = T::CudaHost as i32,
+    Rocm = T::Rocm as i32,
+    RocmHost = T::RocmHost as i32,
+    CudaManaged = T::CudaManaged as i32,
 }
+
+use crate::vocab::moeplug_device_type as T;
 
 impl DeviceKind {
     pub fn from_raw(field: &str, raw: i32) -> Result<DeviceKind> {
-        Ok(match raw {
-            1 => DeviceKind::Cpu,
-            2 => DeviceKind::Cuda,
-            3 => DeviceKind::CudaHost,
-            10 => DeviceKind::Rocm,
-            11 => DeviceKind::RocmHost,
-            13 => DeviceKind::CudaManaged,
-            _ => {
-                return Err(Error::invalid(format!(
-                    "{field}: unknown device_type {raw} (valid: 1 CPU, 2 CUDA, 3 CUDA host, \
-                     10 ROCm, 11 ROCm host, 13 CUDA managed)"
-                )))
-            }
-        })
+        const ALL: [DeviceKind; 6] = [
+            DeviceKind::Cpu,
+            DeviceKind::Cuda,
+            DeviceKind::CudaHost,
+            DeviceKind::Rocm,
+            DeviceKind::RocmHost,
+            DeviceKind::CudaManaged,
+        ];
+        // A device type added to `vocab` without a variant here does not compile.
+        let _ = |t: T| match t {
+            T::Cpu | T::Cuda | T::CudaHost | T::Rocm | T::RocmHost | T::CudaManaged => (),
+        };
+        match ALL.iter().find(|d| **d as i32 == raw) {
+            Some(d) => Ok(*d),
+            None => Err(Error::invalid(format!(
+                "{field}: unknown device_type {raw} (valid: {})",
+                ALL.iter()
+                    .map(|d| format!("{} {}", *d as i32, d.name()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
     }
     /// Memory the CPU may read and write directly.
     pub fn is_host(self) -> bool {

@@ -1,13 +1,17 @@
-//! The enumerations of the ABI (API.md §2) as core Rust types. Values arrive from C as
+//! The enumerations of the ABI (docs/abi.md §2) as core Rust types. Values arrive from C as
 //! integers and are validated here; 0 always means "the documented default".
 
 use crate::error::{Error, Result};
+use crate::vocab;
 
 macro_rules! abi_enum {
-    ($(#[$doc:meta])* $name:ident, $what:literal { $($variant:ident = $value:literal => $label:literal),+ $(,)? }) => {
+    ($(#[$doc:meta])* $name:ident = $c:ident, $what:literal, zero $zero:ident {
+        $($variant:ident = $cv:ident => $label:literal),+ $(,)?
+    }) => {
         $(#[$doc])*
+        #[repr(i32)]
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub enum $name { $($variant = $value),+ }
+        pub enum $name { $($variant = vocab::$c::$cv as i32),+ }
 
         impl $name {
             pub const ALL: &'static [$name] = &[$($name::$variant),+];
@@ -15,11 +19,17 @@ macro_rules! abi_enum {
             /// The value from C; 0 and unknown values are errors here (callers resolve
             /// defaults first), and the message names `field`.
             pub fn from_raw(field: &str, raw: i32) -> Result<$name> {
-                match raw {
-                    $($value => Ok($name::$variant),)+
-                    _ => Err(Error::invalid(format!(
-                        "{field}: unknown {} value {raw} (valid: {})", $what,
-                        [$(concat!($value, " ", $label)),+].join(", ")))),
+                match Self::ALL.iter().find(|v| **v as i32 == raw) {
+                    Some(v) => Ok(*v),
+                    None => Err(Error::invalid(format!(
+                        "{field}: unknown {} value {raw} (valid: {})",
+                        $what,
+                        Self::ALL
+                            .iter()
+                            .map(|v| format!("{} {}", *v as i32, v.label()))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))),
                 }
             }
             /// Lower-case name, as the Python package spells it.
@@ -35,99 +45,109 @@ macro_rules! abi_enum {
             pub fn from_mask(mask: u32) -> Vec<$name> {
                 Self::ALL.iter().copied().filter(|v| mask & v.bit() != 0).collect()
             }
+            /// The variant of each C value but the zero ("default") one: a value added to
+            /// `vocab` without a variant here does not compile.
+            #[allow(dead_code)]
+            fn of_c(v: vocab::$c) -> Option<$name> {
+                match v {
+                    vocab::$c::$zero => None,
+                    $(vocab::$c::$cv => Some($name::$variant),)+
+                }
+            }
         }
     };
 }
 
 abi_enum!(
     /// How the MoE weights are stored.
-    WeightFormat, "weight_format" {
-        Bf16 = 1 => "bf16",
-        Fp16 = 2 => "fp16",
-        Fp8PerTensor = 3 => "fp8_per_tensor",
-        Fp8PerChannel = 4 => "fp8_per_channel",
-        Fp8Block128 = 5 => "fp8_block128",
-        Mxfp4 = 6 => "mxfp4",
-        Mxfp8 = 7 => "mxfp8",
+    WeightFormat = moeplug_weight_format, "weight_format", zero Default {
+        Bf16 = Bf16 => "bf16",
+        Fp16 = Fp16 => "fp16",
+        Fp8PerTensor = Fp8PerTensor => "fp8_per_tensor",
+        Fp8PerChannel = Fp8PerChannel => "fp8_per_channel",
+        Fp8Block128 = Fp8Block128 => "fp8_block128",
+        Mxfp4 = Mxfp4 => "mxfp4",
+        Mxfp8 = Mxfp8 => "mxfp8",
     }
 );
 
 abi_enum!(
     /// The activation dtype the GEMMs consume (AITER's quant_dtype_a). DEFAULT is resolved by
     /// [`ActDtype::default_for`]; it never depends on the token count or the environment.
-    ActDtype, "act_dtype" {
-        Bf16 = 1 => "bf16",
-        Fp16 = 2 => "fp16",
-        Fp8PerToken = 3 => "fp8_per_token",
-        Fp8PerTensor = 4 => "fp8_per_tensor",
-        Fp8Block128 = 5 => "fp8_block128",
-        Mxfp4 = 6 => "mxfp4",
-        Mxfp8 = 7 => "mxfp8",
+    ActDtype = moeplug_act_dtype, "act_dtype", zero Default {
+        Bf16 = Bf16 => "bf16",
+        Fp16 = Fp16 => "fp16",
+        Fp8PerToken = Fp8PerToken => "fp8_per_token",
+        Fp8PerTensor = Fp8PerTensor => "fp8_per_tensor",
+        Fp8Block128 = Fp8Block128 => "fp8_block128",
+        Mxfp4 = Mxfp4 => "mxfp4",
+        Mxfp8 = Mxfp8 => "mxfp8",
     }
 );
 
 abi_enum!(
     /// Row order of the fused gate/up weight `w13`.
-    GateMode, "gate_mode" {
-        Separated = 1 => "separated",
-        Interleave = 2 => "interleave",
-        InterleaveRows = 3 => "interleave_rows",
+    GateMode = moeplug_gate_mode, "gate_mode", zero Default {
+        Separated = Separated => "separated",
+        Interleave = Interleave => "interleave",
+        InterleaveRows = InterleaveRows => "interleave_rows",
     }
 );
 
 abi_enum!(
     /// The gated activation between the two GEMMs.
-    Activation, "activation" {
-        Silu = 1 => "silu",
-        Gelu = 2 => "gelu",
-        SwigluOai = 3 => "swiglu_oai",
+    Activation = moeplug_activation, "activation", zero Default {
+        Silu = Silu => "silu",
+        Gelu = Gelu => "gelu",
+        SwigluOai = SwigluOai => "swiglu_oai",
     }
 );
 
 abi_enum!(
     /// Physical order of weight bytes.
-    WeightLayout, "weight_layout" {
-        Plain = 1 => "plain",
-        Aiter16x16 = 2 => "aiter_16x16",
+    WeightLayout = moeplug_weight_layout, "weight_layout", zero Default {
+        Plain = Plain => "plain",
+        Aiter16x16 = Aiter_16x16 => "aiter_16x16",
     }
 );
 
 abi_enum!(
     /// Physical order of MX block-scale bytes.
-    ScaleLayout, "scale_layout" {
-        Plain = 1 => "plain",
-        AiterE8m0 = 2 => "aiter_e8m0",
-        Cdna4Swizzle = 3 => "cdna4_swizzle",
+    ScaleLayout = moeplug_scale_layout, "scale_layout", zero Default {
+        Plain = Plain => "plain",
+        AiterE8m0 = AiterE8m0 => "aiter_e8m0",
+        Cdna4Swizzle = Cdna4Swizzle => "cdna4_swizzle",
     }
 );
 
 abi_enum!(
     /// Which backend family runs a device.
-    BackendKind, "backend" {
-        Cpu = 1 => "cpu",
-        Cuda = 2 => "cuda",
-        Hip = 3 => "hip",
+    BackendKind = moeplug_backend, "backend", zero None {
+        Cpu = Cpu => "cpu",
+        Cuda = Cuda => "cuda",
+        Hip = Hip => "hip",
     }
 );
 
 abi_enum!(
     /// e8m0 scale rounding of MX quantization (AITER's MxScaleRoundMode + 1).
-    RoundMode, "round_mode" {
-        Down = 1 => "down",
-        Up = 2 => "up",
-        Even = 3 => "even",
-        Ceil = 4 => "ceil",
+    RoundMode = moeplug_round_mode, "round_mode", zero Default {
+        Down = Down => "down",
+        Up = Up => "up",
+        Even = Even => "even",
+        Ceil = Ceil => "ceil",
     }
 );
 
 /// Optional launch features, as bits of `moeplug_caps.features`.
 pub mod feature {
-    pub const BIAS: u32 = 1 << 0;
-    pub const EXPERT_MASK: u32 = 1 << 1;
-    pub const NUM_LOCAL_TOKENS: u32 = 1 << 2;
-    pub const ROUTER_WEIGHT_ON_INPUT: u32 = 1 << 3;
-    pub const GRAPH_CAPTURE: u32 = 1 << 4;
-    pub const DEVICE_PREP: u32 = 1 << 5;
+    use crate::vocab::moeplug_feature as F;
+    pub const BIAS: u32 = F::Bias as u32;
+    pub const EXPERT_MASK: u32 = F::ExpertMask as u32;
+    pub const NUM_LOCAL_TOKENS: u32 = F::NumLocalTokens as u32;
+    pub const ROUTER_WEIGHT_ON_INPUT: u32 = F::RouterWeightOnInput as u32;
+    pub const GRAPH_CAPTURE: u32 = F::GraphCapture as u32;
+    pub const DEVICE_PREP: u32 = F::DevicePrep as u32;
     pub const NAMES: [(u32, &str); 6] = [
         (BIAS, "bias"),
         (EXPERT_MASK, "expert_mask"),
@@ -136,10 +156,23 @@ pub mod feature {
         (GRAPH_CAPTURE, "graph_capture"),
         (DEVICE_PREP, "device_prep"),
     ];
+    /// A bit added to `vocab` without a name above does not compile.
+    #[allow(dead_code)]
+    fn named(f: F) -> &'static str {
+        let bit = match f {
+            F::Bias => BIAS,
+            F::ExpertMask => EXPERT_MASK,
+            F::NumLocalTokens => NUM_LOCAL_TOKENS,
+            F::RouterWeightOnInput => ROUTER_WEIGHT_ON_INPUT,
+            F::GraphCapture => GRAPH_CAPTURE,
+            F::DevicePrep => DEVICE_PREP,
+        };
+        NAMES.iter().find(|(b, _)| *b == bit).map_or("", |(_, n)| n)
+    }
 }
 
 impl ActDtype {
-    /// API.md §2: the activation dtype DEFAULT stands for, fixed per weight format.
+    /// docs/abi.md §2: the activation dtype DEFAULT stands for, fixed per weight format.
     /// `input_is_fp16` only matters for 16-bit weights ("same as the input").
     pub fn default_for(format: WeightFormat, input_is_fp16: bool) -> ActDtype {
         match format {
@@ -198,7 +231,7 @@ impl WeightFormat {
 }
 
 impl Activation {
-    /// API.md §2: alpha 0 → 1.702 (SWIGLU_OAI only uses it).
+    /// docs/abi.md §2: alpha 0 → 1.702 (SWIGLU_OAI only uses it).
     pub fn resolve_alpha(self, alpha: f32) -> f32 {
         if alpha == 0.0 {
             1.702

@@ -289,10 +289,12 @@ fn gpu_limits_are_data_the_launch_check_consults() {
     assert_eq!((caps.max_tokens, caps.max_topk), (u64::MAX, u64::MAX));
     // A 1.0 caller's struct ends at `features`: nothing past it is written.
     let mut old = [0xEEu8; std::mem::size_of::<moeplug_caps>()];
-    old[..4].copy_from_slice(&(CAPS_V1_0_SIZE as u32).to_le_bytes());
+    old[..4].copy_from_slice(&(MOEPLUG_CAPS_SIZE_V1_0).to_le_bytes());
     let st = unsafe { moeplug_get_caps(1, 0, old.as_mut_ptr() as *mut moeplug_caps) };
     assert_eq!(st, moeplug_status::MoeplugOk, "{}", last_error());
-    assert!(old[CAPS_V1_0_SIZE..].iter().all(|&b| b == 0xEE));
+    assert!(old[MOEPLUG_CAPS_SIZE_V1_0 as usize..]
+        .iter()
+        .all(|&b| b == 0xEE));
 
     let layout = moeplug::layout::Layout::new(1, 1, 1, 0, 1, [1, 1, 1, 1], 0).unwrap();
     // Device tensors at distinct made-up addresses: the check never reads them.

@@ -1,5 +1,6 @@
-//! Every golden case of the preparation functions (tests/golden, copied from
-//! /work/shared/golden), reproduced byte for byte through the C exports or the core codecs.
+//! Every golden case of the preparation functions (tests/golden, produced by AITER as
+//! tests/golden/manifest.json records), reproduced byte for byte through the C exports or the
+//! core codecs.
 //! Bytes upstream leaves undefined are skipped through the shipped defined-masks.
 
 mod common;

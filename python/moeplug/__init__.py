@@ -1,4 +1,4 @@
-"""moeplug: MoE weight preparation and fused MoE through libmoeplug's C ABI (API.md §7).
+"""moeplug: MoE weight preparation and fused MoE through libmoeplug's C ABI (docs/abi.md §10).
 
 Every function raises :class:`MoeplugError` (with ``.status``, ``.name`` and the library's
 message) when the library refuses a call.
@@ -10,7 +10,7 @@ import ctypes
 from dataclasses import dataclass
 
 from . import _abi
-from ._tensor import DEVICE_CPU, DEVICE_CUDA, DEVICE_ROCM, c_int, describe, ptr
+from ._tensor import DEVICE_CPU, DEVICE_CUDA, DEVICE_ROCM, c_int, describe, ptr  # noqa: F401 (re-exported)
 
 __all__ = [
     "MoeplugError",
@@ -28,34 +28,19 @@ __all__ = [
     "FEATURES",
 ]
 
-WEIGHT_FORMATS = {"bf16": 1, "fp16": 2, "fp8_per_tensor": 3, "fp8_per_channel": 4, "fp8_block128": 5, "mxfp4": 6, "mxfp8": 7}
-ACT_DTYPES = {"default": 0, "bf16": 1, "fp16": 2, "fp8_per_token": 3, "fp8_per_tensor": 4, "fp8_block128": 5, "mxfp4": 6, "mxfp8": 7}
-GATE_MODES = {"separated": 1, "interleave": 2, "interleave_rows": 3}
-ACTIVATIONS = {"silu": 1, "gelu": 2, "swiglu_oai": 3}
-WEIGHT_LAYOUTS = {"plain": 1, "aiter_16x16": 2}
-SCALE_LAYOUTS = {"plain": 1, "aiter_e8m0": 2, "cdna4_swizzle": 3, "cdna4": 3}
-ROUND_MODES = {"down": 1, "up": 2, "even": 3, "ceil": 4}
-BACKENDS = {1: "cpu", 2: "cuda", 3: "hip"}
-FEATURES = {
-    "bias": 1 << 0,
-    "expert_mask": 1 << 1,
-    "num_local_tokens": 1 << 2,
-    "router_weight_on_input": 1 << 3,
-    "graph_capture": 1 << 4,
-    "device_prep": 1 << 5,
-}
-STATUS_NAMES = [
-    "MOEPLUG_OK",
-    "MOEPLUG_INVALID_ARGUMENT",
-    "MOEPLUG_UNSUPPORTED",
-    "MOEPLUG_LAYOUT_MISMATCH",
-    "MOEPLUG_BACKEND_UNAVAILABLE",
-    "MOEPLUG_DEVICE_ERROR",
-    "MOEPLUG_COMPILE_ERROR",
-    "MOEPLUG_OUT_OF_MEMORY",
-    "MOEPLUG_BUFFER_TOO_SMALL",
-    "MOEPLUG_INTERNAL",
-]
+# The ABI's vocabulary lives once, in the ctypes mirror (checked against the header).
+from ._abi import (  # noqa: E402
+    ACT_DTYPES,
+    ACTIVATIONS,
+    BACKENDS,
+    FEATURES,
+    GATE_MODES,
+    ROUND_MODES,  # noqa: F401 (read by _ops)
+    SCALE_LAYOUTS,
+    STATUS_NAMES,  # noqa: F401 (public table)
+    WEIGHT_FORMATS,
+    WEIGHT_LAYOUTS,
+)
 
 
 class MoeplugError(RuntimeError):
@@ -170,6 +155,7 @@ from ._ops import (  # noqa: E402  (the ops need the tables above)
     Prepared,
     check_fused_moe,
     fused_moe,
+    fused_moe_workspace_size,
     pad_weights,
     prepare_moe,
     quantize_mx,
@@ -182,6 +168,7 @@ __all__ += [
     "Prepared",
     "check_fused_moe",
     "fused_moe",
+    "fused_moe_workspace_size",
     "pad_weights",
     "prepare_moe",
     "quantize_mx",

@@ -1,14 +1,76 @@
-"""ctypes mirror of include/moeplug.h (ABI 1.0) and the library loader."""
+"""ctypes mirror of include/moeplug.h (ABI 1.0) and the library loader.
+
+The one Python copy of the header: structs, enum values and flag bits. `C_STRUCTS` and
+`C_ENUMS` name every header struct and enum; tests/abi.rs compares them with the header field
+by field (offsets, sizes, values), so a header change without this file fails the tests."""
 
 from __future__ import annotations
 
 import ctypes
 import os
-from ctypes import POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int32, c_int64, c_uint8
-from ctypes import c_uint16, c_uint32, c_uint64, c_size_t, c_void_p
+from ctypes import (
+    POINTER,
+    Structure,
+    c_char,
+    c_char_p,
+    c_double,
+    c_float,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint8,
+    c_uint16,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
 from pathlib import Path
 
 ABI_MAJOR = 1
+
+# Enum values by the lower-case names the package accepts (0 = "default" where the C enum has it).
+WEIGHT_FORMATS = {"bf16": 1, "fp16": 2, "fp8_per_tensor": 3, "fp8_per_channel": 4, "fp8_block128": 5, "mxfp4": 6, "mxfp8": 7}
+ACT_DTYPES = {"default": 0, "bf16": 1, "fp16": 2, "fp8_per_token": 3, "fp8_per_tensor": 4, "fp8_block128": 5, "mxfp4": 6, "mxfp8": 7}
+GATE_MODES = {"separated": 1, "interleave": 2, "interleave_rows": 3}
+ACTIVATIONS = {"silu": 1, "gelu": 2, "swiglu_oai": 3}
+WEIGHT_LAYOUTS = {"plain": 1, "aiter_16x16": 2}
+# "cdna4" is an alias the package accepts; the header knows the value as CDNA4_SWIZZLE.
+SCALE_LAYOUTS = {"plain": 1, "aiter_e8m0": 2, "cdna4_swizzle": 3, "cdna4": 3}
+ROUND_MODES = {"down": 1, "up": 2, "even": 3, "ceil": 4}
+BACKENDS = {1: "cpu", 2: "cuda", 3: "hip"}
+DEVICE_TYPES = {"cpu": 1, "cuda": 2, "cuda_host": 3, "rocm": 10, "rocm_host": 11, "cuda_managed": 13}
+DTYPE_CODES = {
+    "int": 0,
+    "uint": 1,
+    "float": 2,
+    "bfloat": 4,
+    "float8_e4m3fn": 10,
+    "float8_e4m3fnuz": 11,
+    "float8_e8m0fnu": 14,
+    "float4_e2m1fn": 17,
+}
+FEATURES = {
+    "bias": 1 << 0,
+    "expert_mask": 1 << 1,
+    "num_local_tokens": 1 << 2,
+    "router_weight_on_input": 1 << 3,
+    "graph_capture": 1 << 4,
+    "device_prep": 1 << 5,
+}
+LAYOUT_FLAGS = {"has_bias": 1 << 0}
+MOE_FLAGS = {"router_weight_on_input": 1 << 3}
+STATUS_NAMES = [
+    "MOEPLUG_OK",
+    "MOEPLUG_INVALID_ARGUMENT",
+    "MOEPLUG_UNSUPPORTED",
+    "MOEPLUG_LAYOUT_MISMATCH",
+    "MOEPLUG_BACKEND_UNAVAILABLE",
+    "MOEPLUG_DEVICE_ERROR",
+    "MOEPLUG_COMPILE_ERROR",
+    "MOEPLUG_OUT_OF_MEMORY",
+    "MOEPLUG_BUFFER_TOO_SMALL",
+    "MOEPLUG_INTERNAL",
+]
 
 
 class Device(Structure):
@@ -39,8 +101,8 @@ TensorP = POINTER(Tensor)
 class _Sized(Structure):
     """Argument structs: struct_size first, set automatically."""
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.struct_size = ctypes.sizeof(self)
 
 
@@ -250,3 +312,72 @@ def load() -> ctypes.CDLL:
         raise OSError(f"{path}: ABI major {major}, this package speaks {ABI_MAJOR}")
     lib.path = str(path)
     return lib
+
+
+def _constants(prefix: str, values: dict, *, default: bool = False, aliases: tuple = ()) -> dict:
+    out = {f"{prefix}DEFAULT": 0} if default else {}
+    out.update({prefix + name.upper(): v for name, v in values.items() if name not in aliases})
+    return out
+
+
+# Every struct and enum of the header, by its C name (compared with the header by tests/abi.rs).
+C_STRUCTS = {
+    "moeplug_device": Device,
+    "moeplug_dtype": DType,
+    "moeplug_tensor": Tensor,
+    "moeplug_caps": Caps,
+    "moeplug_layout": Layout,
+    "moeplug_fused_moe_args": FusedMoeArgs,
+    "moeplug_shuffle_weight_args": ShuffleWeightArgs,
+    "moeplug_shuffle_scale_args": ShuffleScaleArgs,
+    "moeplug_pad_weights_args": PadWeightsArgs,
+    "moeplug_swizzle_scale_args": SwizzleScaleArgs,
+    "moeplug_quantize_mx_args": QuantizeMxArgs,
+    "moeplug_prepare_moe_args": PrepareMoeArgs,
+    "moeplug_prepare_moe_sizes_out": PrepareMoeSizes,
+}
+C_ENUMS = {
+    "moeplug_status": {name: i for i, name in enumerate(STATUS_NAMES)},
+    "moeplug_device_type": _constants("MOEPLUG_DEVICE_TYPE_", DEVICE_TYPES),
+    "moeplug_dtype_code": _constants("MOEPLUG_DTYPE_CODE_", DTYPE_CODES),
+    "moeplug_weight_format": _constants("MOEPLUG_WEIGHT_FORMAT_", WEIGHT_FORMATS, default=True),
+    "moeplug_act_dtype": _constants("MOEPLUG_ACT_DTYPE_", ACT_DTYPES),
+    "moeplug_gate_mode": _constants("MOEPLUG_GATE_MODE_", GATE_MODES, default=True),
+    "moeplug_activation": _constants("MOEPLUG_ACTIVATION_", ACTIVATIONS, default=True),
+    "moeplug_weight_layout": _constants("MOEPLUG_WEIGHT_LAYOUT_", WEIGHT_LAYOUTS, default=True),
+    "moeplug_scale_layout": _constants("MOEPLUG_SCALE_LAYOUT_", SCALE_LAYOUTS, default=True, aliases=("cdna4",)),
+    "moeplug_backend": {"MOEPLUG_BACKEND_NONE": 0, **{f"MOEPLUG_BACKEND_{n.upper()}": v for v, n in BACKENDS.items()}},
+    "moeplug_round_mode": _constants("MOEPLUG_ROUND_MODE_", ROUND_MODES, default=True),
+    "moeplug_feature": _constants("MOEPLUG_FEATURE_", FEATURES),
+    "moeplug_layout_flag": _constants("MOEPLUG_LAYOUT_FLAG_", LAYOUT_FLAGS),
+    "moeplug_moe_flag": _constants("MOEPLUG_MOE_FLAG_", MOE_FLAGS),
+}
+# The frozen 1.0 size of every struct that starts with struct_size (the header's *_SIZE_V1_0).
+SIZES_V1_0 = {
+    "moeplug_caps": 112,
+    "moeplug_layout": 64,
+    "moeplug_fused_moe_args": 160,
+    "moeplug_shuffle_weight_args": 56,
+    "moeplug_shuffle_scale_args": 40,
+    "moeplug_pad_weights_args": 40,
+    "moeplug_swizzle_scale_args": 32,
+    "moeplug_quantize_mx_args": 48,
+    "moeplug_prepare_moe_args": 136,
+    "moeplug_prepare_moe_sizes_out": 352,
+}
+
+
+def describe_mirror() -> list[str]:
+    """The mirror in the probe's line format: struct sizes, field offsets and sizes, enum values."""
+    lines = []
+    for cname, cls in C_STRUCTS.items():
+        lines.append(f"struct {cname} size {ctypes.sizeof(cls)}")
+        for fname, _ in cls._fields_:
+            f = getattr(cls, fname)
+            lines.append(f"field {cname}.{fname} offset {f.offset} size {f.size}")
+    for ename, values in C_ENUMS.items():
+        for name, v in values.items():
+            lines.append(f"enum {ename} {name} {v}")
+    for cname, size in SIZES_V1_0.items():
+        lines.append(f"v1_0 {cname} {size}")
+    return lines

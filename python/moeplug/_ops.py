@@ -1,4 +1,4 @@
-"""The prep and fused_moe calls (API.md §4–7), one to one with the C functions."""
+"""The prep and fused_moe calls (docs/abi.md §7–§10), one to one with the C functions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _abi
-from ._tensor import as_array, c_int, describe, is_torch, ptr
+from ._tensor import DLPackArray, as_array, c_int, describe, is_torch, ptr
 
 
 def _lib():
@@ -32,6 +32,12 @@ def _enum(table, value, what):
 def _empty_like(ref, shape, dtype=None):
     """An uninitialized array/tensor on the same library and device as `ref`."""
     shape = tuple(int(s) for s in shape)
+    if isinstance(ref, DLPackArray):
+        if not ref.is_host:  # moeplug cannot allocate another library's device memory
+            raise TypeError(f"an output for a DLPack array on device {ref.device} must be passed (out=...)")
+        if dtype is None and ref.dtype is None:
+            raise TypeError("an output of this DLPack dtype must be passed (out=...)")
+        return np.empty(shape, dtype=dtype if dtype is not None else ref.dtype)
     if is_torch(ref):
         import torch
 
@@ -249,7 +255,7 @@ def _fused_args(hidden_states, prepared, topk_weights, topk_ids, activation, alp
         alpha=float(alpha),
         limit=float(limit),
         act_dtype=_enum(ACT_DTYPES, act_dtype, "act_dtype"),
-        flags=(1 << 3) if router_weight_on_input else 0,
+        flags=_abi.MOE_FLAGS["router_weight_on_input"] if router_weight_on_input else 0,
     )
     for k, v in tensors.items():
         d = describe(v, k, writable=(k == "output"))
@@ -259,7 +265,7 @@ def _fused_args(hidden_states, prepared, topk_weights, topk_ids, activation, alp
 
 
 def fused_moe(hidden_states, prepared, topk_weights, topk_ids, *, activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, expert_mask=None, num_local_tokens=None, hidden_scale=None, out=None, workspace=None, stream=None):
-    """out[t] = Σ_s w[t,s] · act(x_t W13[e]ᵀ + b13) W2[e]ᵀ + b2 (API.md §6); returns `out`."""
+    """out[t] = Σ_s w[t,s] · act(x_t W13[e]ᵀ + b13) W2[e]ᵀ + b2 (docs/abi.md §9); returns `out`."""
     hidden_states = as_array(hidden_states)
     if not isinstance(prepared, Prepared):
         raise TypeError(f"fused_moe: prepared: expected the Prepared that prepare_moe returned, got {type(prepared).__name__}")
@@ -271,20 +277,41 @@ def fused_moe(hidden_states, prepared, topk_weights, topk_ids, *, activation="si
     args = _fused_args(hidden_states, prepared, as_array(topk_weights), as_array(topk_ids), activation, alpha, limit, act_dtype, router_weight_on_input, as_array(expert_mask), as_array(num_local_tokens), out, as_array(hidden_scale), keep)
     args.stream = _stream_of(hidden_states, stream)
     if workspace is None:
-        need = ctypes.c_size_t(0)
-        if _lib().moeplug_fused_moe_workspace_size(ctypes.byref(args), ctypes.byref(need)) != 0:
-            # The query checks what the launch checks: let the launch report it, so the
-            # error names the call the caller made (moeplug_fused_moe), not the query.
-            _check(_lib().moeplug_fused_moe(ctypes.byref(args)))
-            _check(_lib().moeplug_fused_moe_workspace_size(ctypes.byref(args), ctypes.byref(need)))
-        if need.value:
-            workspace = _empty_like(hidden_states, (need.value,), _byte_dtype(hidden_states))
+        need = _workspace_bytes(args, as_launch=True)
+        if need:
+            workspace = _empty_like(hidden_states, (need,), _byte_dtype(hidden_states))
     if workspace is not None:
         d = describe(workspace, "workspace", writable=True)
         keep.append(d)
         args.workspace = ptr(d)
     _check(_lib().moeplug_fused_moe(ctypes.byref(args)))
     return out
+
+
+def _workspace_bytes(args, as_launch=False) -> int:
+    need = ctypes.c_size_t(0)
+    status = _lib().moeplug_fused_moe_workspace_size(ctypes.byref(args), ctypes.byref(need))
+    if status != 0 and as_launch:
+        # fused_moe queried on the caller's behalf; the launch checks what the query checks,
+        # so let the launch report it: the error names the call the caller made.
+        _check(_lib().moeplug_fused_moe(ctypes.byref(args)))
+    _check(status)
+    return need.value
+
+
+def fused_moe_workspace_size(hidden_states, prepared, topk_weights, topk_ids, *, activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, expert_mask=None, num_local_tokens=None, hidden_scale=None, out=None, **_ignored) -> int:
+    """Bytes of `workspace` that `fused_moe` with the same arguments needs (0: none), so a
+    caller can allocate it once, e.g. before capturing a CUDA graph. `workspace` and `stream`
+    may be passed and are ignored, so the same keyword arguments serve both calls."""
+    unknown = set(_ignored) - {"workspace", "stream"}
+    if unknown:
+        raise TypeError(f"fused_moe_workspace_size: unexpected keyword arguments {sorted(unknown)}")
+    hidden_states = as_array(hidden_states)
+    if out is None:  # checked like the launch's (shape, dtype, no aliasing), never written
+        out = _empty_like(hidden_states, hidden_states.shape)
+    keep = []
+    args = _fused_args(hidden_states, prepared, as_array(topk_weights), as_array(topk_ids), activation, alpha, limit, act_dtype, router_weight_on_input, as_array(expert_mask), as_array(num_local_tokens), out, as_array(hidden_scale), keep)
+    return _workspace_bytes(args)
 
 
 def _byte_dtype(ref):
@@ -307,7 +334,7 @@ def check_fused_moe(prepared_or_layout, *, device="cpu", activation="silu", alph
         alpha=float(alpha),
         limit=float(limit),
         act_dtype=_enum(ACT_DTYPES, act_dtype, "act_dtype"),
-        flags=(1 << 3) if router_weight_on_input else 0,
+        flags=_abi.MOE_FLAGS["router_weight_on_input"] if router_weight_on_input else 0,
     )
     if expert_mask:
         args.expert_mask = ctypes.pointer(dummy)

@@ -14,7 +14,7 @@ try:  # ml_dtypes gives NumPy the low-precision float types
 except ImportError:  # pragma: no cover - exercised only without ml_dtypes
     _mld = None
 
-DEVICE_CPU, DEVICE_CUDA, DEVICE_ROCM = 1, 2, 10
+DEVICE_CPU, DEVICE_CUDA, DEVICE_ROCM = (_abi.DEVICE_TYPES[d] for d in ("cpu", "cuda", "rocm"))
 
 # DLPack (code, bits) of each NumPy dtype moeplug reads.
 _NUMPY_CODES = {
@@ -76,12 +76,55 @@ def pack_fp4(x: np.ndarray) -> np.ndarray:
 
 
 def as_array(x):
-    """NumPy view of anything host-side we accept (arrays, __dlpack__ objects); torch passes."""
-    if x is None or is_torch(x) or isinstance(x, np.ndarray):
+    """What describe() takes: NumPy arrays and torch tensors as they are, any other
+    ``__dlpack__`` producer (CuPy, JAX, ...) as a :class:`DLPackArray` read through its
+    capsule, anything else through ``np.asarray``."""
+    if x is None or is_torch(x) or isinstance(x, (np.ndarray, DLPackArray)):
         return x
-    if hasattr(x, "__dlpack__"):
-        return np.from_dlpack(x)
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        return DLPackArray(x)
     return np.asarray(x)
+
+
+_DLPACK_CUDA, _DLPACK_CUDA_MANAGED, _DLPACK_ROCM = 2, 13, 10
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+class DLPackArray:
+    """A ``__dlpack__`` producer's tensor, borrowed through its capsule (no NumPy, so device
+    arrays work). The capsule is kept, unconsumed, for as long as this object lives, so the
+    producer's deleter frees it afterwards. The producer is asked to make the data ready on
+    the stream moeplug launches on when none is given: CUDA's legacy default stream
+    (DLPack ``stream=1``), ROCm's default stream (``0``)."""
+
+    def __init__(self, obj):
+        self.obj = obj
+        device_type, device_id = (int(v) for v in obj.__dlpack_device__())
+        stream = {_DLPACK_CUDA: 1, _DLPACK_CUDA_MANAGED: 1, _DLPACK_ROCM: 0}.get(device_type)
+        self.capsule = obj.__dlpack__() if stream is None else obj.__dlpack__(stream=stream)
+        address = _capsule_pointer(self.capsule, b"dltensor")
+        # DLManagedTensor starts with its DLTensor, which moeplug_tensor is byte for byte.
+        src = _abi.Tensor.from_address(address)
+        self.tensor = _abi.Tensor.from_buffer_copy(src)
+        self.shape = tuple(src.shape[i] for i in range(src.ndim))
+        if src.strides:
+            want = 1
+            for i in reversed(range(src.ndim)):
+                if self.shape[i] != 1 and src.strides[i] != want:
+                    raise ValueError(f"DLPack tensor with strides {[src.strides[j] for j in range(src.ndim)]} is not C-contiguous")
+                want *= self.shape[i]
+        if (self.tensor.device.device_type, self.tensor.device.device_id) != (device_type, device_id):
+            raise ValueError("DLPack capsule and __dlpack_device__ disagree on the device")
+        self.ndim = src.ndim
+        self.device = (device_type, device_id)
+        code = (src.dtype.code, src.dtype.bits)
+        self.dtype = next((dt for dt, c in _NUMPY_CODES.items() if c == code), None)
+
+    @property
+    def is_host(self) -> bool:
+        return self.device[0] == DEVICE_CPU
 
 
 class Described:
@@ -104,6 +147,8 @@ def describe(x, name: str = "tensor", writable: bool = False) -> Described | Non
     x = as_array(x)
     if is_torch(x):
         return _describe_torch(x, name)
+    if isinstance(x, DLPackArray):
+        return _describe_dlpack(x, name, writable)
     if _mld is not None and x.dtype == np.dtype(_mld.float4_e2m1fn):
         if writable:
             raise TypeError(f"{name}: outputs of packed fp4 are uint8 [..., K/2]")
@@ -155,6 +200,15 @@ def _describe_torch(x, name: str) -> Described:
         byte_offset=0,
     )
     return Described(x, t, shape)
+
+
+def _describe_dlpack(x: DLPackArray, name: str, writable: bool) -> Described:
+    code = (x.tensor.dtype.code, x.tensor.dtype.bits)
+    if code not in set(_NUMPY_CODES.values()) | set(_TORCH_CODES.values()) or x.tensor.dtype.lanes != 1:
+        raise TypeError(f"{name}: DLPack dtype (code {code[0]}, bits {code[1]}, lanes {x.tensor.dtype.lanes}) is not supported by moeplug")
+    t = _abi.Tensor.from_buffer_copy(x.tensor)
+    t.strides = None  # checked C-contiguous; moeplug takes compact row-major tensors
+    return Described(x, t, x.shape)
 
 
 def ptr(d: Described | None):

@@ -1,4 +1,4 @@
-"""Reading the golden vectors (tests/golden, copied from ../shared/golden)."""
+"""Reading the golden vectors (tests/golden)."""
 
 import json
 from pathlib import Path

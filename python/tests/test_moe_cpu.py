@@ -6,9 +6,9 @@ import copy
 import ml_dtypes
 import numpy as np
 import pytest
+from golden import cases, tensor
 
 import moeplug
-from golden import cases, tensor
 
 CASES = cases()
 GOLDEN_MOE = {

@@ -3,9 +3,9 @@
 import ml_dtypes
 import numpy as np
 import pytest
+from golden import assert_bytes_equal, cases, has, tensor
 
 import moeplug
-from golden import assert_bytes_equal, cases, has, tensor
 
 CASES = cases()
 

@@ -3,13 +3,10 @@
 
 use std::mem::size_of;
 
-use super::types::moeplug_tensor;
+use super::types::*;
 use crate::error::{Error, Result};
 use crate::tensor::{checked_start, elem_type_from_dlpack, DeviceKind, ElemType, Tensor};
 
-/// Largest `struct_size` accepted: the tail of a newer caller's struct is scanned for
-/// non-zero bytes, and a size this large cannot be an argument struct.
-const MAX_STRUCT_SIZE: u32 = 4096;
 /// Largest tensor rank accepted.
 const MAX_NDIM: i32 = 8;
 
@@ -21,53 +18,119 @@ pub fn non_null<T>(ptr: *const T, name: &str) -> Result<*const T> {
     Ok(ptr)
 }
 
-/// Copy an argument struct that begins with `uint32_t struct_size`.
-/// Short → INVALID_ARGUMENT; longer with a non-zero tail → UNSUPPORTED; else the v1 fields.
+/// An ABI struct that begins with `uint32_t struct_size` and grows only by appending fields
+/// after its previous version's size (docs/abi.md, "Versioning").
+///
+/// # Safety
+/// Implementors are `repr(C)`, start with a `u32` `struct_size`, and the all-zero byte pattern
+/// is a valid value of them (it means "every field at its default").
+pub unsafe trait Extensible: Copy {
+    /// The C name, for messages.
+    const NAME: &'static str;
+    /// The size of the 1.0 struct: the smallest `struct_size` a caller may pass.
+    const SIZE_V1_0: u32;
+}
+
+macro_rules! extensible {
+    ($($t:ident = $v1:ident),+ $(,)?) => {
+        $(
+            unsafe impl Extensible for $t {
+                const NAME: &'static str = stringify!($t);
+                const SIZE_V1_0: u32 = $v1;
+            }
+            // A frozen size can never exceed the struct it describes.
+            const _: () = assert!($v1 as usize <= size_of::<$t>());
+        )+
+    };
+}
+
+extensible!(
+    moeplug_caps = MOEPLUG_CAPS_SIZE_V1_0,
+    moeplug_layout = MOEPLUG_LAYOUT_SIZE_V1_0,
+    moeplug_fused_moe_args = MOEPLUG_FUSED_MOE_ARGS_SIZE_V1_0,
+    moeplug_shuffle_weight_args = MOEPLUG_SHUFFLE_WEIGHT_ARGS_SIZE_V1_0,
+    moeplug_shuffle_scale_args = MOEPLUG_SHUFFLE_SCALE_ARGS_SIZE_V1_0,
+    moeplug_pad_weights_args = MOEPLUG_PAD_WEIGHTS_ARGS_SIZE_V1_0,
+    moeplug_swizzle_scale_args = MOEPLUG_SWIZZLE_SCALE_ARGS_SIZE_V1_0,
+    moeplug_quantize_mx_args = MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_0,
+    moeplug_prepare_moe_args = MOEPLUG_PREPARE_MOE_ARGS_SIZE_V1_0,
+    moeplug_prepare_moe_sizes_out = MOEPLUG_PREPARE_MOE_SIZES_OUT_SIZE_V1_0,
+);
+
+/// The caller's `struct_size`, refused below the 1.0 size.
+///
+/// # Safety
+/// `ptr` is non-NULL and points to at least 4 readable bytes.
+unsafe fn caller_size<T: Extensible>(ptr: *const T, name: &str) -> Result<usize> {
+    let size = std::ptr::read_unaligned(ptr as *const u32);
+    if size < T::SIZE_V1_0 {
+        return Err(Error::invalid(format!(
+            "{name}.struct_size: expected at least {} (the 1.0 size of {}), got {size}",
+            T::SIZE_V1_0,
+            T::NAME
+        )));
+    }
+    Ok(size as usize)
+}
+
+/// Copy an input struct that begins with `uint32_t struct_size` (the rule of Linux `openat2`):
+/// below the 1.0 size → INVALID_ARGUMENT; up to this library's size → the caller's bytes, the
+/// fields it does not know zero (their defaults); larger → accepted only if every byte past
+/// this library's size is zero (fields of a newer ABI left at their defaults), else
+/// UNSUPPORTED naming the first non-zero byte. There is no upper bound: the caller promises
+/// `struct_size` readable bytes, and the scan stops at the first non-zero one.
 ///
 /// # Safety
 /// `ptr` is NULL or points to at least `struct_size` readable bytes (the caller's promise).
-pub unsafe fn read_struct<T: Copy>(ptr: *const T, name: &str) -> Result<T> {
+pub unsafe fn read_struct<T: Extensible>(ptr: *const T, name: &str) -> Result<T> {
     let ptr = non_null(ptr, name)?;
-    let size = std::ptr::read_unaligned(ptr as *const u32);
-    let want = size_of::<T>() as u32;
-    if size < want {
-        return Err(Error::invalid(format!(
-            "{name}.struct_size: expected at least {want} (sizeof v1), got {size}"
-        )));
+    let size = caller_size(ptr, name)?;
+    let known = size_of::<T>();
+    if size > known {
+        let tail = std::slice::from_raw_parts((ptr as *const u8).add(known), size - known);
+        if let Some(pos) = tail.iter().position(|&b| b != 0) {
+            return Err(Error::unsupported(format!(
+                "{name}: byte {} is non-zero but lies past the {known} bytes of {} this \
+                 library knows (struct_size {size}): a field of a newer ABI that this version \
+                 cannot honour",
+                known + pos,
+                T::NAME
+            )));
+        }
     }
-    if size > MAX_STRUCT_SIZE {
-        return Err(Error::invalid(format!(
-            "{name}.struct_size: {size} is implausibly large (at most {MAX_STRUCT_SIZE})"
-        )));
-    }
-    let tail = std::slice::from_raw_parts(
-        (ptr as *const u8).add(want as usize),
-        (size - want) as usize,
+    let mut value = std::mem::MaybeUninit::<T>::zeroed();
+    std::ptr::copy_nonoverlapping(
+        ptr as *const u8,
+        value.as_mut_ptr() as *mut u8,
+        size.min(known),
     );
-    if let Some(pos) = tail.iter().position(|&b| b != 0) {
-        return Err(Error::unsupported(format!(
-            "{name}: byte {} is non-zero but lies past the {want} bytes this library knows \
-             (struct_size {size}): a field of a newer ABI that this version cannot honour",
-            want as usize + pos
-        )));
-    }
-    Ok(std::ptr::read_unaligned(ptr))
+    // Every byte is the caller's or zero, and zero is a valid value of every field.
+    Ok(value.assume_init())
 }
 
-/// Check the `struct_size` of an output struct the library will fill.
+/// The caller's size of an output struct the library will fill, checked as for inputs
+/// (at least the 1.0 size). Call it before doing any work, so a bad size writes nothing.
 ///
 /// # Safety
-/// `ptr` is NULL or points to a writable struct of at least `struct_size` bytes.
-pub unsafe fn check_out_struct<T>(ptr: *mut T, name: &str) -> Result<()> {
+/// `ptr` is NULL or points to a struct of at least `struct_size` bytes.
+pub unsafe fn out_struct_size<T: Extensible>(ptr: *mut T, name: &str) -> Result<usize> {
     let ptr = non_null(ptr as *const T, name)?;
-    let size = std::ptr::read_unaligned(ptr as *const u32);
-    let want = size_of::<T>() as u32;
-    if size < want {
-        return Err(Error::invalid(format!(
-            "{name}.struct_size: expected at least {want} (sizeof v1), got {size}"
-        )));
-    }
-    Ok(())
+    caller_size(ptr, name)
+}
+
+/// Write `value` into a caller's output struct of `caller_size` bytes (from
+/// [`out_struct_size`]): the first `min(caller_size, sizeof)` bytes are this library's, with
+/// `struct_size` set to that count so a newer caller learns which fields were filled; the
+/// caller's bytes past this library's size are zeroed; nothing past `caller_size` is touched.
+///
+/// # Safety
+/// `ptr` is non-NULL and points to `caller_size` writable bytes.
+pub unsafe fn write_struct<T: Extensible>(ptr: *mut T, value: &T, caller_size: usize) {
+    let written = caller_size.min(size_of::<T>());
+    let dst = ptr as *mut u8;
+    std::ptr::copy_nonoverlapping(value as *const T as *const u8, dst, written);
+    std::ptr::write_unaligned(dst as *mut u32, written as u32);
+    std::ptr::write_bytes(dst.add(written), 0, caller_size - written);
 }
 
 /// A tensor argument, or None when NULL.
@@ -182,4 +245,70 @@ pub fn enum_or<T>(raw: i32, default: T, parse: impl FnOnce(i32) -> Result<T>) ->
 /// A non-zero-means-true flag field.
 pub fn flag(raw: i32) -> bool {
     raw != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A struct that grew after 1.0: `added` is a 1.1 field past the 1.0 size.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    struct Grown {
+        struct_size: u32,
+        old: u32,
+        added: u64,
+    }
+    unsafe impl Extensible for Grown {
+        const NAME: &'static str = "grown";
+        const SIZE_V1_0: u32 = 8;
+    }
+
+    /// A caller's bytes: the struct, then guard bytes.
+    fn caller(size: u32, fill: u8) -> [u64; 4] {
+        let mut b = [u64::from_ne_bytes([fill; 8]); 4];
+        b[0] = (size as u64) | (7u64 << 32); // struct_size, old = 7 (little endian)
+        b
+    }
+
+    #[test]
+    fn an_older_input_reads_the_new_fields_as_zero() {
+        let b = caller(8, 0xEE);
+        let g = unsafe { read_struct(b.as_ptr() as *const Grown, "args") }.unwrap();
+        assert_eq!(
+            g,
+            Grown {
+                struct_size: 8,
+                old: 7,
+                added: 0
+            }
+        );
+        let b = caller(7, 0);
+        let e = unsafe { read_struct(b.as_ptr() as *const Grown, "args") }.unwrap_err();
+        assert_eq!(e.status, crate::error::Status::InvalidArgument);
+        assert_eq!(
+            e.message,
+            "args.struct_size: expected at least 8 (the 1.0 size of grown), got 7"
+        );
+    }
+
+    #[test]
+    fn an_older_output_gets_only_its_own_bytes() {
+        let mut b = caller(8, 0xEE);
+        let v = Grown {
+            struct_size: 0,
+            old: 9,
+            added: 5,
+        };
+        unsafe {
+            let size = out_struct_size(b.as_mut_ptr() as *mut Grown, "out").unwrap();
+            write_struct(b.as_mut_ptr() as *mut Grown, &v, size);
+        }
+        assert_eq!(b[0], 8 | (9u64 << 32));
+        assert_eq!(
+            b[1],
+            u64::from_ne_bytes([0xEE; 8]),
+            "written past struct_size"
+        );
+    }
 }

@@ -16,6 +16,7 @@ pub mod types;
 
 use libc::c_char;
 
+use self::args::{out_struct_size, write_struct};
 use self::panic::{guard, guard_value, last_error_ptr, symver};
 use self::types::*;
 use crate::backend::{self, Caps};
@@ -28,18 +29,7 @@ pub(crate) const ABI_MAJOR: u32 = 1;
 pub(crate) const ABI_MINOR: u32 = 0;
 
 pub(crate) fn status(s: Status) -> moeplug_status {
-    match s {
-        Status::Ok => moeplug_status::MoeplugOk,
-        Status::InvalidArgument => moeplug_status::MoeplugInvalidArgument,
-        Status::Unsupported => moeplug_status::MoeplugUnsupported,
-        Status::LayoutMismatch => moeplug_status::MoeplugLayoutMismatch,
-        Status::BackendUnavailable => moeplug_status::MoeplugBackendUnavailable,
-        Status::DeviceError => moeplug_status::MoeplugDeviceError,
-        Status::CompileError => moeplug_status::MoeplugCompileError,
-        Status::OutOfMemory => moeplug_status::MoeplugOutOfMemory,
-        Status::BufferTooSmall => moeplug_status::MoeplugBufferTooSmall,
-        Status::Internal => moeplug_status::MoeplugInternal,
-    }
+    s.to_c()
 }
 
 /// The message of the last failed call on this thread, or "" if the last call succeeded.
@@ -60,18 +50,7 @@ pub extern "C" fn moeplug_status_name(status: i32) -> *const c_char {
 }
 
 fn status_name_c(s: Status) -> *const c_char {
-    match s {
-        Status::Ok => c"MOEPLUG_OK".as_ptr(),
-        Status::InvalidArgument => c"MOEPLUG_INVALID_ARGUMENT".as_ptr(),
-        Status::Unsupported => c"MOEPLUG_UNSUPPORTED".as_ptr(),
-        Status::LayoutMismatch => c"MOEPLUG_LAYOUT_MISMATCH".as_ptr(),
-        Status::BackendUnavailable => c"MOEPLUG_BACKEND_UNAVAILABLE".as_ptr(),
-        Status::DeviceError => c"MOEPLUG_DEVICE_ERROR".as_ptr(),
-        Status::CompileError => c"MOEPLUG_COMPILE_ERROR".as_ptr(),
-        Status::OutOfMemory => c"MOEPLUG_OUT_OF_MEMORY".as_ptr(),
-        Status::BufferTooSmall => c"MOEPLUG_BUFFER_TOO_SMALL".as_ptr(),
-        Status::Internal => c"MOEPLUG_INTERNAL".as_ptr(),
-    }
+    s.c_name().as_ptr()
 }
 
 /// `(major << 16) | minor` of the ABI this library implements (1.0 → 0x10000).
@@ -87,9 +66,10 @@ pub extern "C" fn moeplug_version() -> *const c_char {
 }
 
 /// Fill `out` with what the backend of `(device_type, device_id)` can run.
-/// `out->struct_size` must be set by the caller (>= sizeof(moeplug_caps)); written only on
-/// success. CPU (1) always answers; CUDA (2) / ROCm (10) answer BACKEND_UNAVAILABLE with the
-/// reason when the driver or runtime cannot be loaded. Thread-safe.
+/// `out->struct_size` must be set by the caller (at least MOEPLUG_CAPS_SIZE_V1_0); written
+/// only on success, and only up to `out->struct_size` bytes (docs/abi.md). CPU (1) always
+/// answers; CUDA (2) / ROCm (10) answer BACKEND_UNAVAILABLE with the reason when the driver
+/// or runtime cannot be loaded. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn moeplug_get_caps(
     device_type: i32,
@@ -97,24 +77,17 @@ pub unsafe extern "C" fn moeplug_get_caps(
     out: *mut moeplug_caps,
 ) -> moeplug_status {
     status(guard("moeplug_get_caps", || {
-        args::non_null(out as *const moeplug_caps, "out")?;
-        let size = std::ptr::read_unaligned(out as *const u32) as usize;
-        if size < CAPS_V1_0_SIZE {
-            crate::bail!(
-                invalid,
-                "out.struct_size: expected at least {CAPS_V1_0_SIZE} (sizeof v1.0), got {size}"
-            );
-        }
+        let size = out_struct_size(out, "out")?;
         let device = DeviceKind::from_raw("device_type", device_type)?;
         let caps = backend::for_device(device, device_id)?.caps();
-        write_caps(out, &caps, device_type, device_id);
+        write_struct(out, &caps_record(&caps, device_type, device_id), size);
         Ok(())
     }))
 }
 
-unsafe fn write_caps(out: *mut moeplug_caps, caps: &Caps, device_type: i32, device_id: i32) {
+fn caps_record(caps: &Caps, device_type: i32, device_id: i32) -> moeplug_caps {
     let mut c = moeplug_caps {
-        struct_size: std::ptr::read_unaligned(out as *const u32),
+        struct_size: 0, // set by write_struct
         abi_version: moeplug_abi_version(),
         device_type,
         device_id,
@@ -133,9 +106,7 @@ unsafe fn write_caps(out: *mut moeplug_caps, caps: &Caps, device_type: i32, devi
     };
     copy_c_string(&mut c.arch, &caps.arch);
     copy_c_string(&mut c.runtime_version, &caps.runtime_version);
-    // A 1.0 caller's struct ends at `features`: write no byte past its struct_size.
-    let n = (c.struct_size as usize).min(std::mem::size_of::<moeplug_caps>());
-    std::ptr::copy_nonoverlapping(&c as *const moeplug_caps as *const u8, out as *mut u8, n);
+    c
 }
 
 fn copy_c_string(dst: &mut [c_char; 32], s: &str) {
@@ -178,7 +149,7 @@ pub unsafe extern "C" fn moeplug_fused_moe_workspace_size(
 }
 
 /// Run fused MoE: `output[t] = Σ_s w[t,s] · (act(x_t W13[e]ᵀ + b13[e]) W2[e]ᵀ + b2[e])` with
-/// e = topk_ids[t, s] (API.md §6), on the backend that owns the tensors' memory: host tensors
+/// e = topk_ids[t, s] (docs/abi.md §9), on the backend that owns the tensors' memory: host tensors
 /// run synchronously on the CPU worker pool, device tensors asynchronously on `args->stream`.
 /// A launch never allocates device memory, never synchronizes and never reads device memory
 /// from the host (graph-capturable).

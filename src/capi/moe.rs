@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::args::{enum_or, optional_tensor, read_struct, tensor};
-use super::types::{moeplug_fused_moe_args, moeplug_layout};
+use super::types::{moeplug_fused_moe_args, moeplug_layout, moeplug_moe_flag};
 use crate::backend::{self, Backend};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
@@ -12,7 +12,7 @@ use crate::tensor::ElemType;
 use crate::types::{ActDtype, Activation};
 
 /// `moeplug_fused_moe_args.flags` bit.
-pub(crate) const FLAG_ROUTER_WEIGHT_ON_INPUT: u32 = 1 << 3;
+pub(crate) const FLAG_ROUTER_WEIGHT_ON_INPUT: u32 = moeplug_moe_flag::RouterWeightOnInput as u32;
 
 /// # Safety
 /// `ptr` is NULL or a readable `moeplug_layout` of `struct_size` bytes.

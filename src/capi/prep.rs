@@ -1,4 +1,4 @@
-//! Weight preparation exports (API.md §4). Each reads its argument struct, validates the
+//! Weight preparation exports (docs/abi.md §7). Each reads its argument struct, validates the
 //! tensors (one location, dtypes, exact shapes, no overlap) and calls `crate::prep`.
 //! Host tensors run synchronously on the calling thread (and its worker threads). Device
 //! tensors (CUDA; ROCm once the HIP backend is validated) go through the same validation and
@@ -6,7 +6,7 @@
 //! (`backend::gpu::prep`): no allocation, no synchronization, byte-identical results.
 
 use super::args::{
-    check_out_struct, enum_or, flag, non_null, optional_tensor, read_struct, tensor,
+    enum_or, flag, optional_tensor, out_struct_size, read_struct, tensor, write_struct,
 };
 use super::panic::{guard, symver};
 use super::status;
@@ -83,7 +83,7 @@ fn count_or(raw: i64, default: usize, name: &str) -> Result<usize> {
     }
 }
 
-/// AITER `shuffle_weight` (LAYOUTS.md F1/F2) from `args->src` into `args->dst`, both
+/// AITER `shuffle_weight` (docs/layouts.md F1/F2) from `args->src` into `args->dst`, both
 /// `[..., N, K]` (packed fp4 as `{17, 4, 1}` logical or uint8 bytes; K in storage elements
 /// for the divisibility rules). `layout_n`/`layout_k` 0 → 16. `dst` has `src`'s shape, with K
 /// rounded up to `pad_k_to` when that is > 0 (zero padding). `gate_up` requires
@@ -127,7 +127,7 @@ pub unsafe extern "C" fn moeplug_shuffle_weight(
     }))
 }
 
-/// AITER `shuffle_scale` / `e8m0_shuffle` (LAYOUTS.md F3/F4): `src` `[m, n]` e8m0 (or uint8).
+/// AITER `shuffle_scale` / `e8m0_shuffle` (docs/layouts.md F3/F4): `src` `[m, n]` e8m0 (or uint8).
 /// Without `is_guinterleave` (F3): `dst` `[⌈m/256⌉·256, ⌈n/8⌉·8]`, padding bytes 0x00
 /// (AITER leaves them undefined); `num_experts` is ignored. With `is_guinterleave` (F4):
 /// `num_experts` (> 0) experts of N = m/num_experts rows (N a multiple of 32), `dst`
@@ -344,7 +344,7 @@ pub unsafe extern "C" fn moeplug_pad_weights(
 }
 
 /// Scale swizzle of an e8m0 (or uint8) `src` `[E, N, K/32]` into `dst`:
-/// `layout` 0 or CDNA4_SWIZZLE (3): triton_kernels' CDNA4 MX scale layout (LAYOUTS.md F5),
+/// `layout` 0 or CDNA4_SWIZZLE (3): triton_kernels' CDNA4 MX scale layout (docs/layouts.md F5),
 /// `dst` `[E, ⌈N/32⌉, ⌈(K/32)/8⌉·8·32]` (its storage order), padding 0x00;
 /// AITER_E8M0 (2): `e8m0_shuffle` of the `[E·N, K/32]` view, `dst`
 /// `[⌈E·N/256⌉·256, ⌈(K/32)/8⌉·8]`, padding 0x00. PLAIN is not a swizzle (UNSUPPORTED).
@@ -705,7 +705,7 @@ pub unsafe extern "C" fn moeplug_prepare_moe_sizes(
 ) -> moeplug_status {
     status(guard("moeplug_prepare_moe_sizes", || {
         let a = read_struct(args, "args")?;
-        check_out_struct(out, "out")?;
+        let size = out_struct_size(out, "out")?;
         let req = read_prepare(&a, describe)?;
         let p = &req.plan;
         let (w13_ndim, w13_shape) = shape4(Some(&p.w13));
@@ -714,8 +714,13 @@ pub unsafe extern "C" fn moeplug_prepare_moe_sizes(
         let (w2_ndim, w2_shape) = shape4(Some(&p.w2));
         let (w2_scale_ndim, w2_scale_shape) = shape4(p.w2_scale.as_ref());
         let (w2_bias_ndim, w2_bias_shape) = shape4(p.w2_bias.as_ref());
+        // The nested record is as long as the caller's struct leaves room for (a 1.0 caller:
+        // the 1.0 record).
+        let mut layout = layout_record(&p.layout);
+        let room = size - std::mem::offset_of!(moeplug_prepare_moe_sizes_out, layout);
+        layout.struct_size = room.min(std::mem::size_of::<moeplug_layout>()) as u32;
         let sizes = moeplug_prepare_moe_sizes_out {
-            struct_size: std::mem::size_of::<moeplug_prepare_moe_sizes_out>() as u32,
+            struct_size: 0, // set by write_struct
             w13_ndim,
             w13_shape,
             w13_scale_ndim,
@@ -734,9 +739,9 @@ pub unsafe extern "C" fn moeplug_prepare_moe_sizes(
             w2_bytes: p.w2_bytes() as u64,
             w2_scale_bytes: p.w2_scale_bytes() as u64,
             w2_bias_bytes: p.w2_bias_bytes() as u64,
-            layout: layout_record(&p.layout),
+            layout,
         };
-        std::ptr::write_unaligned(out, sizes);
+        write_struct(out, &sizes, size);
         Ok(())
     }))
 }
@@ -786,8 +791,7 @@ pub unsafe extern "C" fn moeplug_prepare_moe(
 ) -> moeplug_status {
     status(guard("moeplug_prepare_moe", || {
         let a = read_struct(args, "args")?;
-        non_null(a.out_layout as *const moeplug_layout, "out_layout")?;
-        check_out_struct(a.out_layout, "out_layout")?;
+        let layout_size = out_struct_size(a.out_layout, "out_layout")?;
         let req = read_prepare(&a, optional_tensor)?;
         let p = &req.plan;
         let inputs = [
@@ -861,7 +865,7 @@ pub unsafe extern "C" fn moeplug_prepare_moe(
                 })
                 .collect();
             gpu_prep::run_steps(v, id, stream, &steps)?;
-            std::ptr::write_unaligned(a.out_layout, layout_record(&p.layout));
+            write_struct(a.out_layout, &layout_record(&p.layout), layout_size);
             return Ok(());
         }
         unsafe fn bytes(t: &Option<Tensor>) -> Option<&[u8]> {
@@ -891,7 +895,7 @@ pub unsafe extern "C" fn moeplug_prepare_moe(
                 w2_bias: bytes_mut(&o2b),
             },
         )?;
-        std::ptr::write_unaligned(a.out_layout, layout_record(&p.layout));
+        write_struct(a.out_layout, &layout_record(&p.layout), layout_size);
         Ok(())
     }))
 }

@@ -1,4 +1,4 @@
-//! Gated activations (API.md §2, LAYOUTS.md §5.5), in f32 as the torch reference computes.
+//! Gated activations (docs/abi.md §2, docs/layouts.md §7), in f32 as the torch reference computes.
 
 use crate::types::Activation;
 

@@ -1,4 +1,4 @@
-//! Activation quantization as AITER's torch reference does it (LAYOUTS.md §4, §7): the value a
+//! Activation quantization as AITER's torch reference does it (docs/layouts.md §4, §7): the value a
 //! GEMM sees after quantize → dequantize, computed in f32. Each quantizer rewrites a row
 //! slice in place with the dequantized values.
 //!

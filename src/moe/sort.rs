@@ -1,4 +1,4 @@
-//! AITER's `moe_sorting` contract (LAYOUTS.md §6): group the (token, slot) pairs by expert in
+//! AITER's `moe_sorting` contract (docs/layouts.md §6): group the (token, slot) pairs by expert in
 //! blocks of `block_size`. The GPU kernels produce these arrays on the device (the golden
 //! tests hold this function to AITER's bytes); the CPU kernel groups slots without packing.
 
@@ -114,7 +114,7 @@ mod tests {
 
     #[test]
     fn the_worked_example_of_the_spec() {
-        // LAYOUTS.md §6: E=6, topk=3, bs=4.
+        // docs/layouts.md §6: E=6, topk=3, bs=4.
         let ids = [0, 3, 5, 2, 3, 5, 1, 3, 5, 1, 2, 3, 1, 3, 5];
         let w: Vec<f32> = (0..15).map(|i| i as f32).collect();
         let r = Routing {

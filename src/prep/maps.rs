@@ -4,7 +4,7 @@
 
 use crate::types::GateMode;
 
-/// F1, canonical form (LAYOUTS.md §2.1): `[N, K]` storage elements cut into tiles of `bn`
+/// F1, canonical form (docs/layouts.md §2.1): `[N, K]` storage elements cut into tiles of `bn`
 /// rows × `pack` elements (16 bytes; 32 int8 values with use_int4), tiles ordered row-block
 /// major then column chunk, each tile row-major. Returns the storage offset of (n, k).
 #[inline]
@@ -22,7 +22,7 @@ pub fn f1_pack(elem_size: usize, use_int4: bool) -> usize {
     }
 }
 
-/// F3 (LAYOUTS.md §3.1): byte offset of scale (r, c) in the `[SM, SN]` e8m0 shuffle
+/// F3 (docs/layouts.md §3.1): byte offset of scale (r, c) in the `[SM, SN]` e8m0 shuffle
 /// (`SN` = columns rounded up to 8): 32×8 blocks of 256 bytes, row-group major.
 #[inline]
 pub fn f3_offset(r: usize, c: usize, sn: usize) -> usize {
@@ -60,7 +60,7 @@ mod tests {
 
     #[test]
     fn f1_matches_the_worked_example() {
-        // LAYOUTS.md §2.1: byte dtype N=32, K=64.
+        // docs/layouts.md §2.1: byte dtype N=32, K=64.
         assert_eq!(f1_offset(0, 0, 64, 16, 16), 0);
         assert_eq!(f1_offset(1, 0, 64, 16, 16), 16);
         assert_eq!(f1_offset(15, 15, 64, 16, 16), 255);
@@ -72,7 +72,7 @@ mod tests {
 
     #[test]
     fn f3_matches_the_worked_example() {
-        // LAYOUTS.md §3.1: m=64, n=8.
+        // docs/layouts.md §3.1: m=64, n=8.
         let inv = |o: usize| {
             (0..64)
                 .flat_map(|r| (0..8).map(move |c| (r, c)))

@@ -1,5 +1,5 @@
 //! Weight preparation: AITER's shuffles, scale shuffles, padding and swizzles, byte for byte
-//! (LAYOUTS.md §2–3), and `prepare`, which chains them for a target. `maps` holds the index
+//! (docs/layouts.md §2–3), and `prepare`, which chains them for a target. `maps` holds the index
 //! maps every reader and writer shares; `rows` the three writers everything is built from;
 //! `steps` each prep call as data (row map + writer), which the host runs with `rows` and
 //! the GPU backend with its kernels. The other modules check arguments and build steps.

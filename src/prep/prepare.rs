@@ -2,7 +2,7 @@
 //! per tensor (pad + gate/up re-order + shuffle fused through row sources).
 //!
 //! Target here: the CPU backend, which reads AITER's SEPARATED-standard pairing
-//! (LAYOUTS.md §9): `w13` rows `[gate(I_pad); up(I_pad)]`, weights F1 (16, 16), MX scales F3
+//! (docs/layouts.md §9): `w13` rows `[gate(I_pad); up(I_pad)]`, weights F1 (16, 16), MX scales F3
 //! (`e8m0_shuffle`, 2-D `[⌈E·N/256⌉·256, ⌈K/32/8⌉·8]`), fp32 scales and biases plain.
 //! Every padded element (weights, scales, biases) is zero; F3 padding bytes are 0x00.
 //!

@@ -38,7 +38,7 @@ fn fill_pattern(out: &mut [u8], offset: usize, fill: &[u8]) {
     }
 }
 
-/// AITER's weight tile transpose (F1 canonical form, LAYOUTS.md §2.1, which F2 reduces to):
+/// AITER's weight tile transpose (F1 canonical form, docs/layouts.md §2.1, which F2 reduces to):
 /// rows of `row_bytes` bytes cut into tiles of `tile_rows` rows × `pack` bytes; tiles in
 /// row-block-major then column-chunk order, each tile row-major. Missing source bytes are 0.
 /// `dst.len()` must be a multiple of `tile_rows · row_bytes`, `row_bytes` of `pack`.
@@ -109,7 +109,7 @@ fn copy_partial(piece: &mut [u8], row: &[u8], col: usize) {
     piece[avail..].fill(0);
 }
 
-/// AITER's e8m0 scale shuffle (F3, LAYOUTS.md §3.1) of a byte matrix of `sn` columns:
+/// AITER's e8m0 scale shuffle (F3, docs/layouts.md §3.1) of a byte matrix of `sn` columns:
 /// `dst` holds `dst.len() / sn` rows (a multiple of 32) in 32×8 blocks of 256 bytes.
 /// Columns a source row lacks get `col_pad`, padding rows (`None`) get `row_pad`.
 pub fn f3_shuffle(dst: &mut [u8], sn: usize, rows: &RowSource<'_>, col_pad: u8, row_pad: u8) {

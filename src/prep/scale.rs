@@ -1,4 +1,4 @@
-//! AITER `shuffle_scale` / `e8m0_shuffle` (LAYOUTS.md §3.1 F3, §3.2 F4) over host bytes.
+//! AITER `shuffle_scale` / `e8m0_shuffle` (docs/layouts.md §3.1 F3, §3.2 F4) over host bytes.
 //!
 //! Padding bytes: F3 pads rows to 256 and columns to 8 where AITER leaves `torch.empty`
 //! garbage; moeplug writes 0x00 there (deterministic; e8m0 0x00 = 2^-127). F4 pads columns

@@ -1,4 +1,4 @@
-//! AITER `shuffle_weight` (LAYOUTS.md §2.1 F1, §2.2 F2) over host byte slices.
+//! AITER `shuffle_weight` (docs/layouts.md §2.1 F1, §2.2 F2) over host byte slices.
 //!
 //! Shapes are in storage elements (bytes for fp4x2). Both paths are a tile transpose; they
 //! differ in the tile width (F1: 16 bytes or 32 int8 with use_int4; F2: `layout_k` elements)

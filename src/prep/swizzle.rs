@@ -1,4 +1,4 @@
-//! MX scale swizzles of other kernel families (LAYOUTS.md §3.4).
+//! MX scale swizzles of other kernel families (docs/layouts.md §3.4).
 //!
 //! CDNA4 (triton_kernels `CDNA4MXScaleLayout`, F5): the checkpoint scale `[E, N, K/32]` is
 //! stored as `[E, ⌈N/32⌉, ⌈(K/32)/8⌉·8·32]`, which per expert is exactly F3 with rows padded

@@ -60,6 +60,19 @@ pub fn cxx_compiler() -> String {
     std::env::var("CXX").unwrap_or_else(|_| "c++".to_string())
 }
 
+/// The Python the tests use: $MOEPLUG_PYTHON, else ./.venv/bin/python (scripts/test.sh makes
+/// it), else python3.
+pub fn python_interpreter() -> PathBuf {
+    if let Ok(p) = std::env::var("MOEPLUG_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = root().join(".venv/bin/python");
+    if venv.exists() {
+        return venv;
+    }
+    PathBuf::from("python3")
+}
+
 pub fn include_dir() -> PathBuf {
     root().join("include")
 }

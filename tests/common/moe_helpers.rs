@@ -1,6 +1,6 @@
 #![allow(dead_code)]
 //! Shared test helpers: host tensors and `moeplug_fused_moe_args` built through the C ABI,
-//! a small PRNG, and layout writers written from LAYOUTS.md independently of `prep::maps`.
+//! a small PRNG, and layout writers written from docs/layouts.md independently of `prep::maps`.
 
 use std::ffi::CStr;
 
@@ -261,7 +261,7 @@ pub fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
     (num / den.max(1e-300)).sqrt()
 }
 
-/// AITER `shuffle_weight` layout (16, 16) in its original mixed-radix form (LAYOUTS.md §2.1):
+/// AITER `shuffle_weight` layout (16, 16) in its original mixed-radix form (docs/layouts.md §2.1):
 /// o = [n0|N/16][k0|K/BK][k1|BK/P][n1|16][k2|P], BK = 32 storage elements, P = 16 bytes.
 /// `src` is `[batch, n, k]` storage elements of `elem` bytes each.
 pub fn shuffle_f1(src: &[u8], batch: usize, n: usize, k: usize, elem: usize) -> Vec<u8> {
@@ -290,7 +290,7 @@ pub fn shuffle_f1(src: &[u8], batch: usize, n: usize, k: usize, elem: usize) -> 
     out
 }
 
-/// e8m0 scale shuffle F3 (LAYOUTS.md §3.1) of `[m, n]` bytes with rows padded to `row_align`
+/// e8m0 scale shuffle F3 (docs/layouts.md §3.1) of `[m, n]` bytes with rows padded to `row_align`
 /// (256 for AITER's e8m0_shuffle, 32 per expert for the CDNA4 swizzle) and columns to 8;
 /// padding bytes are `fill`.
 pub fn shuffle_f3(src: &[u8], m: usize, n: usize, row_align: usize, fill: u8) -> Vec<u8> {

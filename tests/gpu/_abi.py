@@ -1,81 +1,44 @@
-"""The moeplug C ABI through ctypes, for the GPU tests: the structs of include/moeplug.h and
-`moeplug_tensor` descriptors built from torch tensors (any device). Kept independent of the
-Python package so these tests run before it lands."""
+"""The moeplug C ABI through ctypes, for the GPU tests: `moeplug_tensor` descriptors built from
+torch tensors (any device) and thin call wrappers. The structs and enum values are the Python
+package's ctypes mirror (python/moeplug/_abi.py, checked against the header), not a copy."""
 
 import ctypes
+import importlib.util
 import os
 from pathlib import Path
 
-STATUS = ["OK", "INVALID_ARGUMENT", "UNSUPPORTED", "LAYOUT_MISMATCH", "BACKEND_UNAVAILABLE",
-          "DEVICE_ERROR", "COMPILE_ERROR", "OUT_OF_MEMORY", "BUFFER_TOO_SMALL", "INTERNAL"]
+# The package's mirror needs only the standard library: load the file itself, so these tests
+# do not depend on numpy or on how the package is installed.
+_spec = importlib.util.spec_from_file_location(
+    "moeplug_abi_mirror", Path(__file__).resolve().parents[2] / "python/moeplug/_abi.py")
+_mirror = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_mirror)
 
-WEIGHT_FORMAT = dict(bf16=1, fp16=2, fp8_per_tensor=3, fp8_per_channel=4, fp8_block128=5,
-                     mxfp4=6, mxfp8=7)
-ACT_DTYPE = dict(default=0, bf16=1, fp16=2, fp8_per_token=3, fp8_per_tensor=4, fp8_block128=5,
-                 mxfp4=6, mxfp8=7)
+Device, DType, Tensor = _mirror.Device, _mirror.DType, _mirror.Tensor
+Caps, Layout, FusedMoeArgs = _mirror.Caps, _mirror.Layout, _mirror.FusedMoeArgs
+
+STATUS = [n.removeprefix("MOEPLUG_") for n in _mirror.STATUS_NAMES]
+WEIGHT_FORMAT = _mirror.WEIGHT_FORMATS
+ACT_DTYPE = _mirror.ACT_DTYPES
 # moeplug_weight_format -> the activation dtypes defined for it (WeightFormat::allowed_act_dtypes)
 ALLOWED_ACT = dict(bf16=["bf16", "fp16"], fp16=["bf16", "fp16"],
                    fp8_per_tensor=["bf16", "fp16", "fp8_per_token", "fp8_per_tensor"],
                    fp8_per_channel=["bf16", "fp16", "fp8_per_token", "fp8_per_tensor"],
                    fp8_block128=["bf16", "fp16", "fp8_block128"],
                    mxfp4=["bf16", "fp16", "mxfp4", "mxfp8"], mxfp8=["bf16", "fp16", "mxfp8"])
-# API.md §2: the DEFAULT activation dtype of each weight format
+# docs/abi.md §2: the DEFAULT activation dtype of each weight format
 DEFAULT_ACT = dict(bf16=None, fp16=None, fp8_per_tensor="fp8_per_token",
                    fp8_per_channel="fp8_per_token", fp8_block128="fp8_block128", mxfp4="bf16",
                    mxfp8="mxfp8")
-GATE_MODE = dict(separated=1, interleave=2, interleave_rows=3)
-ACTIVATION = dict(silu=1, gelu=2, swiglu_oai=3)
-WEIGHT_LAYOUT = dict(plain=1, aiter_16x16=2)
-SCALE_LAYOUT = dict(none=0, plain=1, aiter_e8m0=2, cdna4_swizzle=3)
-FLAG_HAS_BIAS = 1
-FLAG_ROUTER_WEIGHT_ON_INPUT = 1 << 3
-
-
-class Device(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class Tensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", Device), ("ndim", ctypes.c_int32),
-                ("dtype", DType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class Caps(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("abi_version", ctypes.c_uint32),
-                ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
-                ("backend", ctypes.c_int32), ("arch", ctypes.c_char * 32),
-                ("runtime_version", ctypes.c_char * 32), ("weight_formats", ctypes.c_uint32),
-                ("act_dtypes", ctypes.c_uint32), ("gate_modes", ctypes.c_uint32),
-                ("activations", ctypes.c_uint32), ("weight_layouts", ctypes.c_uint32),
-                ("scale_layouts", ctypes.c_uint32), ("features", ctypes.c_uint32)]
-
-
-class Layout(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("weight_format", ctypes.c_int32),
-                ("gate_mode", ctypes.c_int32), ("weight_layout", ctypes.c_int32),
-                ("scale_layout", ctypes.c_int32), ("num_experts", ctypes.c_int32),
-                ("hidden_size", ctypes.c_int64), ("intermediate_size", ctypes.c_int64),
-                ("hidden_padded", ctypes.c_int64), ("intermediate_padded", ctypes.c_int64),
-                ("flags", ctypes.c_uint32)]
+GATE_MODE = _mirror.GATE_MODES
+ACTIVATION = _mirror.ACTIVATIONS
+WEIGHT_LAYOUT = _mirror.WEIGHT_LAYOUTS
+SCALE_LAYOUT = dict(none=0, **_mirror.SCALE_LAYOUTS)
+FLAG_HAS_BIAS = _mirror.LAYOUT_FLAGS["has_bias"]
+FLAG_ROUTER_WEIGHT_ON_INPUT = _mirror.MOE_FLAGS["router_weight_on_input"]
 
 
 TP = ctypes.POINTER(Tensor)
-
-
-class FusedMoeArgs(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("layout", ctypes.POINTER(Layout)),
-                ("activation", ctypes.c_int32), ("alpha", ctypes.c_float),
-                ("limit", ctypes.c_float), ("act_dtype", ctypes.c_int32),
-                ("flags", ctypes.c_uint32)] + [
-        (n, TP) for n in ["hidden_states", "hidden_scale", "w13", "w13_scale", "w13_bias", "w2",
-                          "w2_scale", "w2_bias", "topk_weights", "topk_ids", "expert_mask",
-                          "num_local_tokens", "output", "workspace"]] + [
-        ("stream", ctypes.c_void_p)]
 
 
 def library_path():

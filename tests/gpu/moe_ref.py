@@ -1,5 +1,5 @@
 """Random MoE weights in every storage format moeplug reads, and a float64 torch reference of
-the fused MoE math (API.md §6, LAYOUTS.md §5.5/§7), written independently of the library.
+the fused MoE math (docs/abi.md §2 and §9, docs/layouts.md §7), written independently of the library.
 
 Weights are generated in their *physical* form (gate mode row order, padding filled with
 random values that the kernels must skip), dequantized to float32 (exact for every format:

@@ -197,7 +197,7 @@ def test_fp8_fnuz_and_uint8_weights():
 
 
 def test_default_act_dtypes_run():
-    """DEFAULT resolves per weight format (API.md §2): the FP8 and MXFP8 defaults quantize."""
+    """DEFAULT resolves per weight format (docs/abi.md §2): the FP8 and MXFP8 defaults quantize."""
     for fmt in FORMATS:
         out, ref, st = run_moe(fmt, M=16, act_dtype="default", seed=2)
         assert_close(out, ref, st=st)

@@ -92,7 +92,12 @@ def test_fused_moe_is_captured_in_a_cuda_graph(layer):
     xs, idx, w = x.cuda(), ids.cuda(), wts.cuda()
     out = torch.empty((M, H), dtype=torch.bfloat16, device="cuda")
     eager = moeplug.fused_moe(xs, dev, w, idx, activation="swiglu_oai").clone()
-    ws = torch.empty(1 << 24, dtype=torch.uint8, device="cuda")
+    need = moeplug.fused_moe_workspace_size(xs, dev, w, idx, activation="swiglu_oai", out=out)
+    assert need > 0  # the GPU launch routes and stages through the caller's workspace
+    with pytest.raises(moeplug.MoeplugError) as small:
+        moeplug.fused_moe(xs, dev, w, idx, activation="swiglu_oai", workspace=torch.empty(need - 1, dtype=torch.uint8, device="cuda"))
+    assert small.value.name == "MOEPLUG_BUFFER_TOO_SMALL"
+    ws = torch.empty(need, dtype=torch.uint8, device="cuda")  # exactly what was asked for
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()

@@ -1,4 +1,4 @@
-//! The CPU fused MoE: AITER's two-stage math (LAYOUTS.md §7) over the recorded weight layouts,
+//! The CPU fused MoE: AITER's two-stage math (docs/layouts.md §7) over the recorded weight layouts,
 //! f32 accumulation, all cores.
 //!
 //! Plan of a launch, per chunk of tokens (scratch bounded by `SCRATCH_BUDGET`, not by M):
@@ -776,7 +776,7 @@ fn fused_moe_within(launch: &MoeLaunch, shape: &LaunchShape, budget: usize) -> R
     let mut local: Vec<i32> = zeroed(mask.map_or(e_local, |mk| mk.len()))?;
     let mut next = 0;
     for (e, l) in local.iter_mut().enumerate() {
-        *l = if mask.is_none_or(|mk| mk[e] != 0) {
+        *l = if mask.map_or(true, |mk| mk[e] != 0) {
             next += 1;
             next - 1
         } else {

@@ -19,6 +19,35 @@ use super::driver::{Api, Handle};
 pub const PORT_HEADER: &str = include_str!("../../../kernels/moeplug_port.h");
 pub const FUSED_MOE_SOURCE: &str = include_str!("../../../kernels/fused_moe.cu");
 pub const PREP_SOURCE: &str = include_str!("../../../kernels/prep.cu");
+/// Every header a kernel source may include, by the name it is included as.
+pub const KERNEL_HEADERS: [(&str, &str); 6] = [
+    ("moeplug_port.h", PORT_HEADER),
+    (
+        "moe_common.cuh",
+        include_str!("../../../kernels/moe_common.cuh"),
+    ),
+    (
+        "mma_sm80.cuh",
+        include_str!("../../../kernels/mma_sm80.cuh"),
+    ),
+    (
+        "moe_gemm_fp32.cuh",
+        include_str!("../../../kernels/moe_gemm_fp32.cuh"),
+    ),
+    (
+        "moe_gemm_tile32.cuh",
+        include_str!("../../../kernels/moe_gemm_tile32.cuh"),
+    ),
+    (
+        "moe_gemm_stream.cuh",
+        include_str!("../../../kernels/moe_gemm_stream.cuh"),
+    ),
+];
+
+/// The fused MoE translation unit: the ABI prelude, then kernels/fused_moe.cu.
+pub fn fused_moe_source() -> String {
+    format!("{}{}", super::spec::abi_prelude(), FUSED_MOE_SOURCE)
+}
 
 /// 64-bit FNV-1a: stable across Rust versions and processes (std's SipHash keys are not
 /// guaranteed stable), which an on-disk key needs.
@@ -108,7 +137,7 @@ pub struct Compiled {
 
 /// Compile the fused MoE kernels for `arch` ("sm_90") with `defines`, through the disk cache.
 pub fn compile(api: &Api, arch: &str, defines: &[String]) -> Result<Compiled> {
-    compile_source(api, arch, "fused_moe", FUSED_MOE_SOURCE, defines)
+    compile_source(api, arch, "fused_moe", &fused_moe_source(), defines)
 }
 
 /// Compile `source` (kernels/`stem`.cu) for `arch` with `defines`, through the disk cache.
@@ -122,14 +151,11 @@ pub fn compile_source(
     let (maj, min) = api.rtc_version()?;
     let options = options(arch, defines);
     let rtc_version = format!("{}-{maj}.{min}", api.rtc.library);
-    let key = cache_key(&[
-        source,
-        PORT_HEADER,
-        &options.join(" "),
-        arch,
-        &rtc_version,
-        crate::version(),
-    ]);
+    let joined = options.join(" ");
+    let mut parts: Vec<&str> = vec![source];
+    parts.extend(KERNEL_HEADERS.iter().map(|(_, text)| *text));
+    parts.push(&joined);
+    let key = cache_key(&[&parts.concat(), arch, &rtc_version, crate::version()]);
     let start = std::time::Instant::now();
     let dir = cache_dir();
     let path = dir
@@ -156,7 +182,12 @@ pub fn compile_source(
 
 /// Compile without touching the disk cache (for measuring the cold compile time).
 pub fn compile_uncached(api: &Api, arch: &str, defines: &[String]) -> Result<Vec<u8>> {
-    rtc_compile(api, "fused_moe", FUSED_MOE_SOURCE, &options(arch, defines))
+    rtc_compile(
+        api,
+        "fused_moe",
+        &fused_moe_source(),
+        &options(arch, defines),
+    )
 }
 
 fn options(arch: &str, defines: &[String]) -> Vec<String> {
@@ -170,39 +201,75 @@ fn options(arch: &str, defines: &[String]) -> Vec<String> {
 }
 
 fn rtc_compile(api: &Api, stem: &str, source: &str, options: &[String]) -> Result<Vec<u8>> {
+    rtc_compile_with_log(&api.rtc, stem, source, options).map(|(bin, _)| bin)
+}
+
+/// What the compile check sees of one configuration: the binary and the compiler's log
+/// (with `--ptxas-options=-v`: registers, shared memory and spills per kernel).
+pub struct CheckedCompile {
+    pub binary: Vec<u8>,
+    pub log: String,
+}
+
+/// Compile the fused MoE kernels for `arch` with `defines` and the ptxas report, with NVRTC
+/// alone (no driver, no GPU, no cache).
+pub fn compile_check(
+    rtc: &super::driver::Rtc,
+    arch: &str,
+    defines: &[String],
+) -> Result<CheckedCompile> {
+    let mut opts = options(arch, defines);
+    opts.push("--ptxas-options=-v".to_string());
+    let (binary, log) = rtc_compile_with_log(rtc, "fused_moe", &fused_moe_source(), &opts)?;
+    Ok(CheckedCompile { binary, log })
+}
+
+fn rtc_compile_with_log(
+    r: &super::driver::Rtc,
+    stem: &str,
+    source: &str,
+    options: &[String],
+) -> Result<(Vec<u8>, String)> {
     let c = |s: &str| CString::new(s).map_err(|e| Error::internal(e.to_string()));
     let src = c(source)?;
     let name = c(&format!("{stem}.cu"))?;
-    let header = c(PORT_HEADER)?;
-    let header_name = c("moeplug_port.h")?;
+    let headers: Vec<CString> = KERNEL_HEADERS
+        .iter()
+        .map(|(_, t)| c(t))
+        .collect::<Result<_>>()?;
+    let header_names: Vec<CString> = KERNEL_HEADERS
+        .iter()
+        .map(|(n, _)| c(n))
+        .collect::<Result<_>>()?;
+    let header_ptrs: Vec<*const c_char> = headers.iter().map(|h| h.as_ptr()).collect();
+    let name_ptrs: Vec<*const c_char> = header_names.iter().map(|h| h.as_ptr()).collect();
     let opts: Vec<CString> = options.iter().map(|o| c(o)).collect::<Result<_>>()?;
     let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     let mut prog: Handle = std::ptr::null_mut();
-    let r = &api.rtc;
     // SAFETY: all strings outlive the program; the program is destroyed on every path.
     unsafe {
-        api.rtc_check(
+        r.check(
             (r.nvrtcCreateProgram)(
                 &mut prog,
                 src.as_ptr(),
                 name.as_ptr(),
-                1,
-                &header.as_ptr(),
-                &header_name.as_ptr(),
+                header_ptrs.len() as i32,
+                header_ptrs.as_ptr(),
+                name_ptrs.as_ptr(),
             ),
             "nvrtcCreateProgram",
         )?;
         let result = (|| {
             let rc = (r.nvrtcCompileProgram)(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr());
+            let mut size = 0usize;
+            (r.nvrtcGetProgramLogSize)(prog, &mut size);
+            let mut log = vec![0u8; size.max(1)];
+            (r.nvrtcGetProgramLog)(prog, log.as_mut_ptr() as *mut c_char);
+            let log = String::from_utf8_lossy(&log)
+                .trim_end_matches('\0')
+                .to_string();
             if rc != 0 {
-                let mut size = 0usize;
-                (r.nvrtcGetProgramLogSize)(prog, &mut size);
-                let mut log = vec![0u8; size.max(1)];
-                (r.nvrtcGetProgramLog)(prog, log.as_mut_ptr() as *mut c_char);
-                let log = String::from_utf8_lossy(&log)
-                    .trim_end_matches('\0')
-                    .to_string();
-                let why = api.rtc_check(rc, "nvrtcCompileProgram").unwrap_err();
+                let why = r.check(rc, "nvrtcCompileProgram").unwrap_err();
                 return Err(Error::new(
                     Status::CompileError,
                     format!(
@@ -213,13 +280,13 @@ fn rtc_compile(api: &Api, stem: &str, source: &str, options: &[String]) -> Resul
                 ));
             }
             let mut size = 0usize;
-            api.rtc_check((r.nvrtcGetCUBINSize)(prog, &mut size), "nvrtcGetCUBINSize")?;
+            r.check((r.nvrtcGetCUBINSize)(prog, &mut size), "nvrtcGetCUBINSize")?;
             let mut bin = vec![0u8; size];
-            api.rtc_check(
+            r.check(
                 (r.nvrtcGetCUBIN)(prog, bin.as_mut_ptr() as *mut c_char),
                 "nvrtcGetCUBIN",
             )?;
-            Ok(bin)
+            Ok((bin, log))
         })();
         (r.nvrtcDestroyProgram)(&mut prog);
         result

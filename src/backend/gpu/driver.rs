@@ -30,6 +30,9 @@ pub struct Api {
     pub cuModuleLoadData: unsafe extern "C" fn(*mut Handle, *const c_void) -> c_int,
     pub cuModuleGetFunction: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> c_int,
     #[allow(clippy::type_complexity)]
+    /// `cuFuncSetAttribute` (CUDA only: raising a kernel's dynamic shared memory limit; the
+    /// HIP families need none).
+    pub cuFuncSetAttribute: Option<unsafe extern "C" fn(Handle, c_int, c_int) -> c_int>,
     pub cuLaunchKernel: unsafe extern "C" fn(
         Handle,
         c_uint,
@@ -181,20 +184,10 @@ pub fn load(vendor: Vendor) -> Result<Api> {
                     cuCtxPopCurrent: drv.get("cuCtxPopCurrent_v2")?,
                     cuModuleLoadData: drv.get("cuModuleLoadData")?,
                     cuModuleGetFunction: drv.get("cuModuleGetFunction")?,
+                    cuFuncSetAttribute: Some(drv.get("cuFuncSetAttribute")?),
                     cuLaunchKernel: drv.get("cuLaunchKernel")?,
                     cuGetErrorName: drv.get("cuGetErrorName")?,
-                    rtc: Rtc {
-                        library: rtc.name.clone(),
-                        nvrtcVersion: rtc.get("nvrtcVersion")?,
-                        nvrtcGetErrorString: rtc.get("nvrtcGetErrorString")?,
-                        nvrtcCreateProgram: rtc.get("nvrtcCreateProgram")?,
-                        nvrtcCompileProgram: rtc.get("nvrtcCompileProgram")?,
-                        nvrtcGetProgramLogSize: rtc.get("nvrtcGetProgramLogSize")?,
-                        nvrtcGetProgramLog: rtc.get("nvrtcGetProgramLog")?,
-                        nvrtcGetCUBINSize: rtc.get("nvrtcGetCUBINSize")?,
-                        nvrtcGetCUBIN: rtc.get("nvrtcGetCUBIN")?,
-                        nvrtcDestroyProgram: rtc.get("nvrtcDestroyProgram")?,
-                    },
+                    rtc: nv_rtc(&rtc)?,
                 })
             }
         }
@@ -248,6 +241,7 @@ fn hip_driver(vendor: Vendor, rtc: Rtc) -> Result<Api> {
             cuCtxPopCurrent: drv.get("hipCtxPopCurrent")?,
             cuModuleLoadData: drv.get("hipModuleLoadData")?,
             cuModuleGetFunction: drv.get("hipModuleGetFunction")?,
+            cuFuncSetAttribute: None,
             cuLaunchKernel: drv.get("hipModuleLaunchKernel")?,
             cuGetErrorName: drv.get("hipDrvGetErrorName")?,
             rtc,
@@ -280,6 +274,7 @@ fn hip_driver(vendor: Vendor, rtc: Rtc) -> Result<Api> {
             cuCtxPopCurrent: f!(hipCtxPopCurrent),
             cuModuleLoadData: f!(hipModuleLoadData),
             cuModuleGetFunction: f!(hipModuleGetFunction),
+            cuFuncSetAttribute: None,
             cuLaunchKernel: f!(hipModuleLaunchKernel),
             cuGetErrorName: f!(hipDrvGetErrorName),
             rtc,
@@ -311,6 +306,20 @@ impl Api {
         Ok(f)
     }
 
+    /// Allow `f` up to `bytes` of dynamic shared memory (above the 48 KiB default).
+    pub fn set_max_dynamic_shared(&self, f: Handle, bytes: usize) -> Result<()> {
+        const MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8; // CU_FUNC_ATTRIBUTE_*
+        let Some(set) = self.cuFuncSetAttribute else {
+            return Err(Error::unsupported(format!(
+                "{} kernels cannot raise their shared memory limit here",
+                self.vendor.name()
+            )));
+        };
+        // SAFETY: `f` came from `function`; the attribute takes an int.
+        let code = unsafe { set(f, MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as c_int) };
+        self.check(code, "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+    }
+
     /// "CUDA_ERROR_INVALID_VALUE (1)" for a driver result code.
     pub fn error_name(&self, code: c_int) -> String {
         let mut p: *const c_char = std::ptr::null();
@@ -338,11 +347,23 @@ impl Api {
 
     /// An RTC result: non-zero → COMPILE_ERROR with the compiler's error string.
     pub fn rtc_check(&self, code: c_int, call: &str) -> Result<()> {
+        self.rtc.check(code, call)
+    }
+
+    /// (major, minor) of the run-time compiler.
+    pub fn rtc_version(&self) -> Result<(i32, i32)> {
+        self.rtc.version()
+    }
+}
+
+impl Rtc {
+    /// An RTC result: non-zero → COMPILE_ERROR with the compiler's error string.
+    pub fn check(&self, code: c_int, call: &str) -> Result<()> {
         if code == 0 {
             return Ok(());
         }
         // SAFETY: returns a static string (or NULL).
-        let p = unsafe { (self.rtc.nvrtcGetErrorString)(code) };
+        let p = unsafe { (self.nvrtcGetErrorString)(code) };
         let s = if p.is_null() {
             format!("error {code}")
         } else {
@@ -355,12 +376,42 @@ impl Api {
     }
 
     /// (major, minor) of the run-time compiler.
-    pub fn rtc_version(&self) -> Result<(i32, i32)> {
+    pub fn version(&self) -> Result<(i32, i32)> {
         let (mut a, mut b) = (0, 0);
-        self.rtc_check(
-            unsafe { (self.rtc.nvrtcVersion)(&mut a, &mut b) },
+        // SAFETY: two valid out-pointers.
+        self.check(
+            unsafe { (self.nvrtcVersion)(&mut a, &mut b) },
             "nvrtcVersion",
         )?;
         Ok((a, b))
     }
+}
+
+/// NVRTC alone, without a driver or a GPU: enough to compile and inspect the kernels (the
+/// compile check of CI and `tests/kernel_compile.rs`).
+pub fn load_nvrtc() -> Result<Rtc> {
+    let rtc = Library::open_any(&NVRTC_NAMES).map_err(|e| {
+        Error::unavailable(format!(
+            "NVRTC (libnvrtc.so.13/.12/.11.2/libnvrtc.so) could not be loaded: {e}"
+        ))
+    })?;
+    // SAFETY: NVRTC's documented signatures, as in `load`.
+    unsafe { nv_rtc(&rtc) }
+}
+
+/// # Safety
+/// The types are NVRTC's documented signatures.
+unsafe fn nv_rtc(rtc: &Library) -> Result<Rtc> {
+    Ok(Rtc {
+        library: rtc.name.clone(),
+        nvrtcVersion: rtc.get("nvrtcVersion")?,
+        nvrtcGetErrorString: rtc.get("nvrtcGetErrorString")?,
+        nvrtcCreateProgram: rtc.get("nvrtcCreateProgram")?,
+        nvrtcCompileProgram: rtc.get("nvrtcCompileProgram")?,
+        nvrtcGetProgramLogSize: rtc.get("nvrtcGetProgramLogSize")?,
+        nvrtcGetProgramLog: rtc.get("nvrtcGetProgramLog")?,
+        nvrtcGetCUBINSize: rtc.get("nvrtcGetCUBINSize")?,
+        nvrtcGetCUBIN: rtc.get("nvrtcGetCUBIN")?,
+        nvrtcDestroyProgram: rtc.get("nvrtcDestroyProgram")?,
+    })
 }

@@ -5,15 +5,11 @@ use crate::backend::{check_against_caps, Caps};
 use crate::error::{Error, Result, Status};
 use crate::moe::check::{check_launch, check_record, LaunchShape};
 use crate::moe::MoeLaunch;
-use crate::tensor::{ElemType, Tensor};
-use crate::types::{ActDtype, Activation, ScaleLayout};
+use crate::tensor::Tensor;
+use crate::types::{ActDtype, Activation};
 
-/// Rows per sorted tile (`BM` in kernels/fused_moe.cu).
-pub const TILE_M: usize = 32;
-/// Output columns per block (`BN`; stage 1 of the tensor-core path too).
-pub const TILE_N: usize = 64;
-/// Stage-2 output columns per block of the tensor-core path (`BN2`).
-pub const TILE_N2_TC: usize = 128;
+use super::heuristics;
+use super::spec::{Family, KernelSpec};
 /// Threads of the GEMM and reduce kernels, and of the route kernel.
 pub const THREADS: u32 = 256;
 pub const ROUTE_THREADS: u32 = 1024;
@@ -21,7 +17,8 @@ pub const ROUTE_THREADS: u32 = 1024;
 pub const MAX_LOCAL_EXPERTS: usize = 2048;
 pub const MAX_GLOBAL_EXPERTS: usize = 4096;
 
-/// Mirrors `struct Params` in kernels/fused_moe.cu (8-byte fields first, then 4-byte).
+/// `struct Params` of kernels/moe_common.cuh, field for field (checked against the source by
+/// `tests::kernel_params_match_the_kernel_source`); 8-byte fields first, then 4-byte.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct KernelParams {
@@ -75,6 +72,8 @@ const REGIONS: usize = 10;
 /// Sizes of one launch and where each workspace region starts.
 #[derive(Debug, Clone)]
 pub struct Plan {
+    /// The kernels that run the launch (the family's tile height sizes the sort).
+    pub spec: KernelSpec,
     pub m: usize,
     pub topk: usize,
     pub e_global: usize,
@@ -121,12 +120,15 @@ pub fn validate(caps: &Caps, launch: &MoeLaunch) -> Result<Plan> {
     check_against_caps(caps, &launch.config)?;
     check_record(&launch.config.layout)?;
     let shape = check_launch(launch)?;
-    plan(launch, &shape)
+    let spec = heuristics::spec_for(&caps.arch, launch, &shape);
+    plan(launch, &shape, spec)
 }
 
 /// GPU-only rules (expert-count limits of the route kernel, device address alignment, index
-/// ranges) and the workspace plan, for a launch that passed [`check_launch`].
-pub fn plan(launch: &MoeLaunch, shape: &LaunchShape) -> Result<Plan> {
+/// ranges) and the workspace plan of `family`, for a launch that passed [`check_launch`]. The
+/// workspace size is the same for every family (the sort regions are sized for the smallest
+/// tile), so a size queried once fits whichever family a launch gets.
+pub fn plan(launch: &MoeLaunch, shape: &LaunchShape, spec: KernelSpec) -> Result<Plan> {
     let c = &launch.config;
     let l = &c.layout;
     let (e, h, i) = (l.num_experts, l.hidden_size, l.intermediate_size);
@@ -163,14 +165,24 @@ pub fn plan(launch: &MoeLaunch, shape: &LaunchShape) -> Result<Plan> {
     }
 
     let pairs = m * topk;
-    let max_tiles = pairs.div_ceil(TILE_M) + e.min(pairs);
+    let tiles_of = |rows: usize| pairs.div_ceil(rows) + e.min(pairs);
+    let max_tiles = tiles_of(spec.family.tile_rows());
+    let (most_tiles, most_rows) = Family::ALL
+        .iter()
+        .map(|f| {
+            (
+                tiles_of(f.tile_rows()),
+                tiles_of(f.tile_rows()) * f.tile_rows(),
+            )
+        })
+        .fold((0, 0), |(t, r), (ft, fr)| (t.max(ft), r.max(fr)));
     let quantized = c.act_dtype.is_quantized();
     let groups = [scale_groups(c.act_dtype, h), scale_groups(c.act_dtype, i)];
     let q = |n: usize| if quantized { n } else { 0 };
     let sizes: [usize; REGIONS] = [
         16,
-        max_tiles * 4,
-        max_tiles * TILE_M * 4,
+        most_tiles * 4,
+        most_rows * 4,
         pairs * 4,
         pairs * i * 2,
         pairs * h * 4,
@@ -185,7 +197,7 @@ pub fn plan(launch: &MoeLaunch, shape: &LaunchShape) -> Result<Plan> {
         *o = at;
         at = at.saturating_add(align256(s));
     }
-    if max_tiles > i32::MAX as usize || at > isize::MAX as usize || pairs > i32::MAX as usize {
+    if most_rows > i32::MAX as usize || at > isize::MAX as usize || pairs > i32::MAX as usize {
         return Err(Error::invalid(format!(
             "hidden_states: {m} tokens x topk {topk} is too large for one CUDA launch"
         )));
@@ -196,6 +208,7 @@ pub fn plan(launch: &MoeLaunch, shape: &LaunchShape) -> Result<Plan> {
         0
     };
     Ok(Plan {
+        spec,
         m,
         topk,
         e_global,
@@ -224,49 +237,6 @@ pub fn workspace_ptr(launch: &MoeLaunch, plan: &Plan) -> Result<u64> {
     let w = launch.workspace.as_ref().expect("checked above");
     align_check(w, 16)?;
     Ok(w.ptr as u64)
-}
-
-/// Whether the GEMMs run on tensor cores (`TC` in kernels/fused_moe.cu): CUDA sm_80+
-/// (`arch` "sm_XY"); every format and activation dtype has an exact MMA path there.
-pub fn tensor_cores(arch: &str) -> bool {
-    arch.strip_prefix("sm_")
-        .and_then(|v| v.parse::<u32>().ok())
-        .is_some_and(|sm| sm >= 80)
-}
-
-/// Compile-time defines of the kernel for this configuration (part of the cache key).
-pub fn defines(launch: &MoeLaunch, tc: bool) -> Vec<String> {
-    let c = &launch.config;
-    let l = &c.layout;
-    let f16 = |t: &Tensor| (t.elem == ElemType::F16) as i32;
-    let slayout = match l.scale_layout {
-        None => 0,
-        Some(ScaleLayout::Plain) => 1,
-        Some(ScaleLayout::AiterE8m0) => 2,
-        Some(ScaleLayout::Cdna4Swizzle) => 3,
-    };
-    let act_q = if c.act_dtype.is_quantized() {
-        c.act_dtype as i32
-    } else {
-        0
-    };
-    let fnuz = launch.w13.elem == ElemType::Fp8E4m3fnuz;
-    vec![
-        format!("WFMT={}", l.weight_format as i32),
-        format!("WLAYOUT={}", l.weight_layout as i32),
-        format!("SLAYOUT={slayout}"),
-        format!("GATE={}", l.gate_mode as i32),
-        format!("ACT={}", c.activation as i32),
-        format!("ACT_F16={}", (c.act_dtype == ActDtype::Fp16) as i32),
-        format!("ACT_Q={act_q}"),
-        format!("IN_F16={}", f16(&launch.hidden_states)),
-        format!("OUT_F16={}", f16(&launch.output)),
-        format!("HAS_BIAS={}", l.has_bias as i32),
-        format!("RWOI={}", c.router_weight_on_input as i32),
-        format!("HAS_MASK={}", launch.expert_mask.is_some() as i32),
-        format!("FP8_FNUZ={}", fnuz as i32),
-        format!("TC={}", tc as i32),
-    ]
 }
 
 /// Kernel parameters for a validated launch.
@@ -327,11 +297,114 @@ pub fn params(launch: &MoeLaunch, plan: &Plan, ws: u64) -> KernelParams {
 mod tests {
     use super::*;
 
+    /// (name, C type) of each field of `struct Params` in the kernel source, in order.
+    fn kernel_fields() -> Vec<(String, String)> {
+        let src = super::super::cache::KERNEL_HEADERS
+            .iter()
+            .find(|(n, _)| *n == "moe_common.cuh")
+            .expect("moe_common.cuh")
+            .1;
+        let body = src
+            .split("struct Params {")
+            .nth(1)
+            .and_then(|rest| rest.split("};").next())
+            .expect("struct Params in moe_common.cuh");
+        let code: String = body
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut fields = Vec::new();
+        for decl in code.split(';') {
+            let mut words = decl.split_whitespace();
+            let Some(ty) = words.next() else { continue };
+            for name in words.collect::<String>().split(',') {
+                fields.push((name.trim().to_string(), ty.to_string()));
+            }
+        }
+        fields
+    }
+
     #[test]
-    fn kernel_params_layout_matches_the_c_struct() {
-        // 23 pointers, 12 ints, 2 floats, 2 ints: no implicit padding anywhere.
-        assert_eq!(std::mem::size_of::<KernelParams>(), 23 * 8 + 16 * 4);
-        assert_eq!(std::mem::offset_of!(KernelParams, m), 23 * 8);
-        assert_eq!(std::mem::offset_of!(KernelParams, alpha), 23 * 8 + 12 * 4);
+    fn kernel_params_match_the_kernel_source() {
+        // Rust names of the kernel's fields where they differ (a keyword, or Rust's case).
+        let rust_name = |c: &str| match c {
+            "as" => "as_".to_string(),
+            other => other.to_lowercase(),
+        };
+        let kernel = kernel_fields();
+        assert!(
+            kernel.len() > 30,
+            "parsed {} fields of struct Params",
+            kernel.len()
+        );
+        // Offsets: each field's offset as the C struct lays it out (natural alignment).
+        let p = KernelParams::default();
+        let base = &p as *const KernelParams as usize;
+        let mut off = 0usize;
+        for (name, ty) in &kernel {
+            let size = match ty.as_str() {
+                "u64" => 8,
+                "int" | "float" => 4,
+                other => panic!("unexpected field type {other} of {name}"),
+            };
+            off = off.div_ceil(size) * size;
+            let rust_off = rust_offset(&p, &rust_name(name)) - base;
+            assert_eq!(rust_off, off, "offset of {name}");
+            off += size;
+        }
+        assert_eq!(std::mem::size_of::<KernelParams>(), off.div_ceil(8) * 8);
+    }
+
+    fn rust_offset(p: &KernelParams, name: &str) -> usize {
+        macro_rules! at {
+            ($($f:ident),*) => {
+                match name {
+                    $(stringify!($f) => &p.$f as *const _ as usize,)*
+                    other => panic!("no KernelParams field {other}"),
+                }
+            };
+        }
+        at!(
+            x,
+            w13,
+            w13_scale,
+            w13_bias,
+            w2,
+            w2_scale,
+            w2_bias,
+            topk_weights,
+            topk_ids,
+            expert_mask,
+            num_local_tokens,
+            out,
+            total_tiles,
+            tile_expert,
+            sorted_rows,
+            pair_local,
+            inter,
+            y,
+            amax,
+            xq,
+            xs,
+            aq,
+            as_,
+            m,
+            topk,
+            e,
+            e_global,
+            h,
+            hp,
+            i,
+            ip,
+            x_cols,
+            out_cols,
+            max_tiles,
+            ng1,
+            alpha,
+            limit,
+            has_limit,
+            ng2
+        )
     }
 }

@@ -3,9 +3,12 @@
 //! crash. Kernels (`kernels/*.cu`) are compiled for the device's arch and cached (`cache`).
 
 pub mod cache;
+pub mod compile_check;
 pub mod driver;
+pub mod heuristics;
 pub mod launch;
 pub mod prep;
+pub mod spec;
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
@@ -211,7 +214,8 @@ impl GpuBackend {
 
     /// The kernels for `defines`, compiled (or read from the disk cache) and loaded once
     /// per device and configuration.
-    fn kernels(&self, defines: Vec<String>) -> Result<Kernels> {
+    fn kernels(&self, spec: &spec::KernelSpec) -> Result<Kernels> {
+        let defines = spec.defines();
         let mut map = self
             .kernels
             .lock()
@@ -233,6 +237,12 @@ impl GpuBackend {
             quant1: get(c"moe_quant1")?,
             quant2: get(c"moe_quant2")?,
         };
+        let shared = spec.dynamic_shared_bytes();
+        if shared > 48 * 1024 {
+            for f in [k.stage1, k.stage2] {
+                self.api.set_max_dynamic_shared(f, shared)?;
+            }
+        }
         map.insert(defines, k);
         Ok(k)
     }
@@ -310,22 +320,18 @@ impl Backend for GpuBackend {
         }
         let ws = launch::workspace_ptr(l, &plan)?;
         let _ctx = self.enter()?;
-        let tc = launch::tensor_cores(&self.arch);
-        let k = self.kernels(launch::defines(l, tc))?;
+        let k = self.kernels(&plan.spec)?;
         let p = launch::params(l, &plan, ws);
         let stream = l.stream as Handle;
         let tiles = plan.max_tiles as u32;
-        let n_tiles = |n: usize| n.div_ceil(launch::TILE_N) as u32;
-        let n2 = if tc {
-            launch::TILE_N2_TC
-        } else {
-            launch::TILE_N
-        };
+        let (n1, n2) = plan.spec.block_columns();
         let c = &l.config.layout;
         let act = l.config.act_dtype;
         let rows = |n: usize| (n as u32, 1);
         let pairs = plan.m * plan.topk;
         let gemm = |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, what);
+        let shared = plan.spec.dynamic_shared_bytes() as u32;
+        let stage = |f, grid, what| self.launch(f, grid, launch::THREADS, shared, stream, &p, what);
         self.launch(
             k.route,
             (1, 1),
@@ -341,9 +347,9 @@ impl Backend for GpuBackend {
         if act.is_quantized() {
             gemm(k.quant1, rows(plan.m), "moe_quant1")?;
         }
-        gemm(
+        stage(
             k.stage1,
-            (tiles, n_tiles(c.intermediate_size)),
+            (tiles, c.intermediate_size.div_ceil(n1) as u32),
             "moe_stage1",
         )?;
         if act == ActDtype::Fp8PerTensor {
@@ -352,7 +358,7 @@ impl Backend for GpuBackend {
         if act.is_quantized() {
             gemm(k.quant2, rows(pairs), "moe_quant2")?;
         }
-        gemm(
+        stage(
             k.stage2,
             (tiles, c.hidden_size.div_ceil(n2) as u32),
             "moe_stage2",
@@ -410,25 +416,7 @@ pub fn describe() -> String {
     ));
     if let Ok(api) = CUDA_API.as_ref() {
         // A cold compile of the default configuration, not read from or written to the cache.
-        let defines: Vec<String> = [
-            "WFMT=1",
-            "WLAYOUT=2",
-            "SLAYOUT=0",
-            "GATE=1",
-            "ACT=1",
-            "ACT_F16=0",
-            "ACT_Q=0",
-            "IN_F16=0",
-            "OUT_F16=0",
-            "HAS_BIAS=0",
-            "RWOI=0",
-            "HAS_MASK=0",
-            "FP8_FNUZ=0",
-            "TC=1",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let defines = default_spec().defines();
         let start = std::time::Instant::now();
         match cache::compile_uncached(api, &caps.arch, &defines) {
             Ok(bin) => out.push_str(&format!(
@@ -446,6 +434,28 @@ pub fn describe() -> String {
         ));
     }
     out
+}
+
+/// The configuration `describe` compiles cold: bf16 weights in the AITER layout, separated
+/// gate/up, SiLU, bf16 everywhere, on the decode family.
+fn default_spec() -> spec::KernelSpec {
+    use crate::types::*;
+    spec::KernelSpec {
+        family: spec::Family::Stream,
+        weight_format: WeightFormat::Bf16,
+        weight_layout: WeightLayout::Aiter16x16,
+        scale_layout: None,
+        gate_mode: GateMode::Separated,
+        activation: Activation::Silu,
+        act_dtype: ActDtype::Bf16,
+        in_f16: false,
+        out_f16: false,
+        has_bias: false,
+        router_weight_on_input: false,
+        has_mask: false,
+        fp8_fnuz: false,
+        split_k: [8, 8],
+    }
 }
 
 impl GpuBackend {

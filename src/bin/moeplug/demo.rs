@@ -12,6 +12,8 @@ use moeplug::capi::types::*;
 use moeplug::capi::*;
 use moeplug::quant::{e8m0_to_f32, fp4x2_to_f32};
 
+use crate::cuda::Cuda;
+
 /// The layer: gpt-oss proportions, scaled down so the CPU runs it in well under a second.
 /// 704 (a multiple of 32, like 2880) is not one of 256: preparation pads it to 768 and the
 /// launch skips the pad.
@@ -113,7 +115,73 @@ fn swiglu(g: f64, u: f64) -> f64 {
     g / (1.0 + (-(ALPHA as f64) * g).exp()) * (u + 1.0)
 }
 
-pub fn run() -> Result<(), String> {
+/// Where the layer runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Device {
+    Cpu,
+    Cuda(i32),
+    Rocm(i32),
+}
+
+impl Device {
+    /// "cpu", "cuda", "cuda:N", "rocm", "rocm:N".
+    pub fn parse(text: &str) -> Result<Device, String> {
+        let (kind, index) = text.split_once(':').unwrap_or((text, "0"));
+        let id = || {
+            index
+                .parse::<i32>()
+                .ok()
+                .filter(|&i| i >= 0)
+                .ok_or_else(|| format!("device '{text}': '{index}' is not a device index"))
+        };
+        match kind {
+            "cpu" if !text.contains(':') => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(id()?)),
+            "rocm" | "hip" => Ok(Device::Rocm(id()?)),
+            _ => Err(format!("device '{text}': expected cpu, cuda:N or rocm:N")),
+        }
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            Device::Cpu => "cpu".into(),
+            Device::Cuda(i) => format!("cuda:{i}"),
+            Device::Rocm(i) => format!("rocm:{i}"),
+        }
+    }
+
+    /// (moeplug_device_type, device_id).
+    fn code(self) -> (i32, i32) {
+        match self {
+            Device::Cpu => (moeplug_device_type::Cpu as i32, 0),
+            Device::Cuda(i) => (moeplug_device_type::Cuda as i32, i),
+            Device::Rocm(i) => (moeplug_device_type::Rocm as i32, i),
+        }
+    }
+}
+
+/// Fail early, with the library's status and reason, when `device` cannot run the demo.
+fn require(device: Device) -> Result<(), String> {
+    let (device_type, device_id) = device.code();
+    let mut caps: moeplug_caps = unsafe { std::mem::zeroed() };
+    caps.struct_size = std::mem::size_of::<moeplug_caps>() as u32;
+    let status = unsafe { moeplug_get_caps(device_type, device_id, &mut caps) };
+    if status == moeplug_status::MoeplugOk {
+        return Ok(());
+    }
+    let name = unsafe { CStr::from_ptr(moeplug_status_name(status as i32)) };
+    let msg = unsafe { CStr::from_ptr(moeplug_last_error()) };
+    Err(format!(
+        "{}: {}: {}",
+        device.name(),
+        name.to_string_lossy(),
+        msg.to_string_lossy()
+    ))
+}
+
+pub fn run(device: Device) -> Result<(), String> {
+    require(device)?;
+    let (device_type, device_id) = device.code();
     println!("moeplug demo: gpt-oss-like MoE layer, MXFP4 weights, bf16 activations (w4a16)");
     println!("  E={EXPERTS} top-{TOPK} H={HIDDEN} I={INTER} M={TOKENS}, SWIGLU_OAI (alpha {ALPHA}, limit {LIMIT}), biases");
     println!("  checkpoint w13 rows interleaved g0,u0,g1,u1,... (INTERLEAVE_ROWS)\n");
@@ -152,7 +220,7 @@ pub fn run() -> Result<(), String> {
     pargs.struct_size = std::mem::size_of::<moeplug_prepare_moe_args>() as u32;
     pargs.weight_format = moeplug_weight_format::Mxfp4 as i32;
     pargs.gate_mode_in = moeplug_gate_mode::InterleaveRows as i32;
-    pargs.device_type = 1;
+    pargs.device_type = device_type;
     (pargs.w13, pargs.w2, pargs.w13_scale, pargs.w2_scale) =
         (in13.ptr(), in2.ptr(), ins13.ptr(), ins2.ptr());
     (pargs.w13_bias, pargs.w2_bias) = (inb13.ptr(), inb2.ptr());
@@ -233,7 +301,8 @@ pub fn run() -> Result<(), String> {
         }
     }
 
-    // 4. fused_moe on the best backend that takes host tensors (the CPU here).
+    // 4. fused_moe on the chosen device: host tensors for the CPU; for a GPU, device copies
+    //    of the same tensors, the launch queued on the default stream.
     let mut out = vec![bf16::from_f32(f32::NAN); m * h];
     let hx = Host::new(&mut x, &[m, h], 4, 16);
     let hids = Host::new(&mut ids, &[m, k], 0, 32);
@@ -254,28 +323,93 @@ pub fn run() -> Result<(), String> {
     (fargs.w13, fargs.w2, fargs.w13_scale, fargs.w2_scale) =
         (o13.ptr(), o2.ptr(), os13.ptr(), os2.ptr());
     (fargs.w13_bias, fargs.w2_bias) = (ob13.ptr(), ob2.ptr());
-    check("moeplug_check_fused_moe(cpu)", unsafe {
-        moeplug_check_fused_moe(1, 0, &fargs)
-    })?;
+    check(
+        &format!("moeplug_check_fused_moe({})", device.name()),
+        unsafe { moeplug_check_fused_moe(device_type, device_id, &fargs) },
+    )?;
+    let gpu = match device {
+        Device::Cpu => None,
+        Device::Cuda(id) => Some(Cuda::open(id).map_err(|e| format!("{}: {e}", device.name()))?),
+        Device::Rocm(_) => {
+            return Err(format!(
+                "{}: the demo allocates device memory through CUDA only",
+                device.name()
+            ))
+        }
+    };
+    let on_device = match &gpu {
+        None => Vec::new(),
+        Some(c) => {
+            let d = vec![
+                c.upload(&x, &[m, h], 4, 16)?,
+                c.upload(&ids, &[m, k], 0, 32)?,
+                c.upload(&wts, &[m, k], 2, 32)?,
+                c.upload(&out, &[m, h], 4, 16)?,
+                c.upload(&p13, &dims(sizes.w13_ndim, sizes.w13_shape), 1, 8)?,
+                c.upload(&p2, &dims(sizes.w2_ndim, sizes.w2_shape), 1, 8)?,
+                c.upload(
+                    &ps13,
+                    &dims(sizes.w13_scale_ndim, sizes.w13_scale_shape),
+                    14,
+                    8,
+                )?,
+                c.upload(
+                    &ps2,
+                    &dims(sizes.w2_scale_ndim, sizes.w2_scale_shape),
+                    14,
+                    8,
+                )?,
+                c.upload(
+                    &pb13,
+                    &dims(sizes.w13_bias_ndim, sizes.w13_bias_shape),
+                    2,
+                    32,
+                )?,
+                c.upload(&pb2, &dims(sizes.w2_bias_ndim, sizes.w2_bias_shape), 2, 32)?,
+            ];
+            (
+                fargs.hidden_states,
+                fargs.topk_ids,
+                fargs.topk_weights,
+                fargs.output,
+            ) = (d[0].ptr(), d[1].ptr(), d[2].ptr(), d[3].ptr());
+            (fargs.w13, fargs.w2, fargs.w13_scale, fargs.w2_scale) =
+                (d[4].ptr(), d[5].ptr(), d[6].ptr(), d[7].ptr());
+            (fargs.w13_bias, fargs.w2_bias) = (d[8].ptr(), d[9].ptr());
+            d
+        }
+    };
+    // The workspace the launch needs with the tensors it is given, on their device.
     let mut ws_bytes = 0usize;
     check("moeplug_fused_moe_workspace_size", unsafe {
         moeplug_fused_moe_workspace_size(&fargs, &mut ws_bytes)
     })?;
     let mut ws = vec![0u8; ws_bytes.max(1)];
     let hws = Host::new(&mut ws, &[ws_bytes], 1, 8);
-    fargs.workspace = hws.ptr();
-    let t = Instant::now();
-    check("moeplug_fused_moe", unsafe { moeplug_fused_moe(&fargs) })?;
-    let first = ms(t);
-    let t = Instant::now();
-    check("moeplug_fused_moe", unsafe { moeplug_fused_moe(&fargs) })?;
-    println!(
-        "  fused_moe     {:8.2} ms  on cpu ({} workspace bytes; first call {:.2} ms)",
-        ms(t),
-        ws_bytes,
-        first
-    );
+    let dws = match &gpu {
+        None => None,
+        Some(c) => Some(c.upload(&ws[..ws_bytes], &[ws_bytes], 1, 8)?),
+    };
+    fargs.workspace = dws.as_ref().map_or(hws.ptr(), |d| d.ptr());
+    let launch = || -> Result<f64, String> {
+        let t = Instant::now();
+        check("moeplug_fused_moe", unsafe { moeplug_fused_moe(&fargs) })?;
+        if let Some(c) = &gpu {
+            c.synchronize()?;
+        }
+        Ok(ms(t))
+    };
+    let first = launch()?;
+    let again = launch()?;
     drop((hx, hids, hw, hout, hws));
+    if !on_device.is_empty() {
+        on_device[3].download(&mut out)?;
+    }
+    println!(
+        "  fused_moe     {again:8.2} ms  on {} ({ws_bytes} workspace bytes; first call {first:.2} ms)",
+        device.name()
+    );
+    drop((on_device, dws));
 
     // 5. float64 reference from the quantized checkpoint in its own (interleaved) order.
     let t = Instant::now();
@@ -288,15 +422,15 @@ pub fn run() -> Result<(), String> {
         for s in 0..k {
             let ex = ids[tk * k + s] as usize;
             let mut a = vec![0f64; i];
-            for j in 0..i {
+            for (j, aj) in a.iter_mut().enumerate() {
                 let row = |r: usize| -> f64 {
                     let w = &w13f[(ex * 2 * i + r) * h..][..h];
                     let dot: f64 = (0..h).map(|c| x[tk * h + c].to_f64() * w[c]).sum();
                     dot + b13[ex * 2 * i + r] as f64
                 };
                 // gpt-oss order: row 2j is gate j, row 2j+1 is up j.
-                a[j] = swiglu(row(2 * j), row(2 * j + 1));
-                a[j] = bf16::from_f64(a[j]).to_f64(); // the stage-1 output is bf16, as in AITER
+                let v = swiglu(row(2 * j), row(2 * j + 1));
+                *aj = bf16::from_f64(v).to_f64(); // the stage-1 output is bf16, as in AITER
             }
             for c in 0..h {
                 let w = &w2f[(ex * h + c) * i..][..i];

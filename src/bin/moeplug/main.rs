@@ -1,6 +1,9 @@
 //! The `moeplug` command: `info` (version, ABI, what every backend here can run) and `demo`
-//! (a gpt-oss-like layer prepared and run end to end, checked against float64).
+//! (a gpt-oss-like layer prepared and run end to end on a chosen device, checked against
+//! float64); `--help` for each, `--version`.
 
+mod cli;
+mod cuda;
 mod demo;
 
 use std::process::ExitCode;
@@ -11,31 +14,32 @@ use moeplug::types::{
     feature, ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout,
 };
 
-const USAGE: &str = "usage: moeplug <command>\n\ncommands:\n  info    version, ABI and the capabilities of every backend\n  demo    quantize, prepare and run a gpt-oss-like MoE layer; check it against float64\n";
+use cli::Cli;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("info") => {
+    match cli::parse(&args) {
+        Ok(Cli::Help(usage)) => {
+            print!("{usage}");
+            ExitCode::SUCCESS
+        }
+        Ok(Cli::Version) => {
+            println!("moeplug {}", moeplug::version());
+            ExitCode::SUCCESS
+        }
+        Ok(Cli::Info) => {
             info();
             ExitCode::SUCCESS
         }
-        Some("demo") => match demo::run() {
+        Ok(Cli::Demo(device)) => match demo::run(device) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("moeplug demo: {e}");
                 ExitCode::FAILURE
             }
         },
-        Some("-h") | Some("--help") | Some("help") => {
-            print!("{USAGE}");
-            ExitCode::SUCCESS
-        }
-        other => {
-            if let Some(cmd) = other {
-                eprintln!("moeplug: unknown command '{cmd}'\n");
-            }
-            eprint!("{USAGE}");
+        Err(e) => {
+            eprint!("moeplug: {}\n\n{}", e.message, e.usage);
             ExitCode::from(2)
         }
     }

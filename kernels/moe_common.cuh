@@ -1,0 +1,497 @@
+// What every fused-MoE kernel family shares: the parameter block, weight and scale
+// addressing (LAYOUTS.md maps, docs/layouts.md), the gated activation and the two stage
+// epilogues, routing (sort by expert), activation quantization and the top-k reduction.
+// None of it depends on the GEMM family; fused_moe.cu includes one family after this.
+//
+// Compile-time configuration (-D, rendered by src/backend/gpu/spec.rs): WFMT (weight format),
+// WLAYOUT, SLAYOUT (0 = no scales), GATE, ACT (gated activation), ACT_F16/IN_F16/OUT_F16
+// (0 = bf16), ACT_Q (0 = 16-bit activations, else the quantized act dtype), HAS_BIAS, RWOI
+// (router weight on input), HAS_MASK, FP8_FNUZ (fp8 flavour of weights and activations),
+// FAMILY (the GEMM family). The values are the ABI's, compared by name: the host prepends
+// `#define WF_MXFP4 6`-style names for every enum value (spec::abi_prelude), so no kernel
+// spells an ABI integer.
+//
+// Quantized activations (ACT_Q != 0) follow the CPU backend (src/moe/actquant.rs): each stage
+// input row is quantized once into the workspace (one code byte per element + one f32 scale
+// per group: the row for FP8_PER_TOKEN / FP8_PER_TENSOR, 128 for FP8_BLOCK128, 32 for MX),
+// and the GEMMs read code * scale. FP8_PER_TENSOR takes one amax over the whole stage input
+// (a device-side atomicMax; the route kernel zeroes it).
+#pragma once
+#include "moeplug_port.h"
+
+// BM (-D, Family::tile_rows): rows (token, slot pairs) per sorted tile; the route pads each
+// expert to a multiple of BM.
+#if !defined(BM) || BM % 16
+#error "BM: rows per sorted tile, a multiple of 16, set by the host"
+#endif
+#define THREADS 256
+#define SCAN_THREADS 1024
+
+// `KernelParams` in src/backend/gpu/launch.rs is checked against this struct by a test that
+// reads this file (launch::tests): same fields, same order. 8-byte fields first, then 4-byte.
+struct Params {
+  u64 x, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias;
+  u64 topk_weights, topk_ids, expert_mask, num_local_tokens, out;
+  u64 total_tiles, tile_expert, sorted_rows, pair_local, inter, y;
+  u64 amax, xq, xs, aq, as;  // amax: 2 x u32 (stage 1, stage 2); codes u8; scales f32
+  int M, topk, E, E_global, H, Hp, I, Ip, x_cols, out_cols, max_tiles, ng1;
+  float alpha, limit;
+  int has_limit, ng2;
+};
+
+#ifndef ACT_Q
+#define ACT_Q 0
+#endif
+// Elements per scale group along K (0 = the whole row).
+#if ACT_Q == AD_FP8_BLOCK128
+#define QG 128
+#elif ACT_Q == AD_MXFP4 || ACT_Q == AD_MXFP8
+#define QG 32
+#else
+#define QG 0
+#endif
+#if QG
+#define QGROUP(k) ((k) / QG)
+#else
+#define QGROUP(k) 0
+#endif
+
+// ---- weights ----------------------------------------------------------------------------
+
+// Storage offset of (n, k) in an [N, K] matrix of `pack`-element 16-byte packs (F1 with
+// 16-row tiles; LAYOUTS.md §2.1 canonical form), or row-major.
+__device__ __forceinline__ i64 w_offset(int n, int k, int K, int pack) {
+#if WLAYOUT == WL_AITER_16X16
+  return ((i64)(n >> 4) * (K / pack) + k / pack) * (16 * pack) + (n & 15) * pack + k % pack;
+#else
+  return (i64)n * K + k;
+#endif
+}
+
+// F3 (LAYOUTS.md §3.1) byte offset of e8m0 scale (r, c), sn = columns rounded up to 8.
+__device__ __forceinline__ i64 f3_offset(i64 r, int c, int sn) {
+  return (r >> 5) * (32 * (i64)sn) + (c >> 3) * 256 + (c & 3) * 64 + (r & 15) * 4 +
+         ((c >> 2) & 1) * 2 + ((r >> 4) & 1);
+}
+
+// Byte offset of the e8m0 scale of (expert e, row n, K group kb) of an [E, N, K] matrix with
+// nkb = K / 32 groups per row (src/backend/cpu/weights.rs).
+__device__ __forceinline__ i64 mx_scale_offset(int e, int n, int N, int kb, int nkb) {
+#if SLAYOUT == SL_AITER_E8M0
+  int sn = (nkb + 7) & ~7;
+  return f3_offset((i64)e * N + n, kb, sn);
+#elif SLAYOUT == SL_CDNA4_SWIZZLE
+  int sn = (nkb + 7) & ~7;
+  return (i64)e * ((N + 31) >> 5) * 32 * sn + f3_offset(n, kb, sn);
+#else
+  return ((i64)e * N + n) * nkb + kb;
+#endif
+}
+
+// e8m0 scale of (expert e, row n, column k) of an [E, N, K] matrix.
+__device__ __forceinline__ float mx_scale(const u8* S, int e, int n, int N, int k, int K) {
+  return mp_e8m0_to_f32(S[mx_scale_offset(e, n, N, k >> 5, K >> 5)]);
+}
+
+// Dequantized weight (e, n, k) of an [E, N, K] matrix (N physical rows, K logical columns
+// including padding) with its scales.
+__device__ __forceinline__ float load_w(const u8* W, const u8* S, int e, int n, int k, int N,
+                                        int K) {
+#if WFMT == WF_BF16 || WFMT == WF_FP16
+  const u16* w = (const u16*)W + (i64)e * N * K;
+  u16 v = w[w_offset(n, k, K, 8)];
+#if WFMT == WF_BF16
+  return mp_bf16_to_f32(v);
+#else
+  return mp_f16_to_f32(v);
+#endif
+#elif WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL || WFMT == WF_FP8_BLOCK128 || WFMT == WF_MXFP8
+  const u8* w = W + (i64)e * N * K;
+  float v = mp_fp8_to_f32(w[w_offset(n, k, K, 16)], FP8_FNUZ);
+#if WFMT == WF_FP8_PER_TENSOR
+  return v * ((const float*)S)[e];
+#elif WFMT == WF_FP8_PER_CHANNEL
+  return v * ((const float*)S)[(i64)e * N + n];
+#elif WFMT == WF_FP8_BLOCK128
+  int nb = (N + 127) >> 7, kb = (K + 127) >> 7;
+  return v * ((const float*)S)[((i64)e * nb + (n >> 7)) * kb + (k >> 7)];
+#else
+  return v * mx_scale(S, e, n, N, k, K);
+#endif
+#elif WFMT == WF_MXFP4
+  int kbytes = K >> 1;
+  const u8* w = W + (i64)e * N * kbytes;
+  u32 b = w[w_offset(n, k >> 1, kbytes, 16)];
+  float v = mp_e2m1_to_f32((k & 1) ? (b >> 4) : b);
+  return v * mx_scale(S, e, n, N, k, K);
+#else
+#error "unknown WFMT"
+#endif
+}
+
+// f32 scale of weight (R, k) that stays out of the MMA (1 for 16-bit weights).
+__device__ __forceinline__ float w_scale(const u8* S, int e, int R, int k, int Nst, int Kst) {
+#if WFMT == WF_FP8_PER_TENSOR
+  return ((const float*)S)[e];
+#elif WFMT == WF_FP8_PER_CHANNEL
+  return ((const float*)S)[(i64)e * Nst + R];
+#elif WFMT == WF_FP8_BLOCK128
+  int nb = (Nst + 127) >> 7, kb = (Kst + 127) >> 7;
+  return ((const float*)S)[((i64)e * nb + (R >> 7)) * kb + (k >> 7)];
+#elif WFMT == WF_MXFP4 || WFMT == WF_MXFP8
+  return mx_scale(S, e, R, Nst, k, Kst);
+#else
+  return 1.0f;
+#endif
+}
+
+// Physical w13 row of logical gate row i (up = gate + 1 half).
+__device__ __forceinline__ int gate_row(int i, int Ip) {
+#if GATE == GM_SEPARATED
+  return i;
+#elif GATE == GM_INTERLEAVE
+  return ((i >> 4) << 5) + (i & 15);
+#else
+  return 2 * i;
+#endif
+}
+__device__ __forceinline__ int up_row(int i, int Ip) {
+#if GATE == GM_SEPARATED
+  return Ip + i;
+#elif GATE == GM_INTERLEAVE
+  return ((i >> 4) << 5) + 16 + (i & 15);
+#else
+  return 2 * i + 1;
+#endif
+}
+
+__device__ __forceinline__ float to_act(float v) {
+#if ACT_F16
+  return mp_f16_to_f32(mp_f32_to_f16(v));
+#else
+  return mp_bf16_to_f32(mp_f32_to_bf16(v));
+#endif
+}
+__device__ __forceinline__ float load_x(u16 v) {
+#if IN_F16
+  float f = mp_f16_to_f32(v);
+#else
+  float f = mp_bf16_to_f32(v);
+#endif
+#if IN_F16 != ACT_F16
+  f = to_act(f);
+#endif
+  return f;
+}
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float activate(float g, float u, const Params& p) {
+#if ACT == AF_SWIGLU_OAI
+  float L = p.limit;  // always set for SWIGLU_OAI
+  g = fminf(g, L);
+  u = fminf(fmaxf(u, -L), L);
+  return g * sigmoid(p.alpha * g) * (u + 1.0f);
+#else
+  if (p.has_limit) {
+    g = fminf(g, p.limit);
+    u = fminf(fmaxf(u, -p.limit), p.limit);
+  }
+#if ACT == AF_SILU
+  return g * sigmoid(g) * u;
+#else
+  return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f)) * u;
+#endif
+#endif
+}
+
+// Stage-1 epilogue of both GEMM paths: router weight on input, bias, activation, then the cast
+// to the output dtype (as the CPU backend does) and, for 16-bit activations of the other
+// 16-bit type, once more to the activation dtype; quantized activations start from the cast.
+__device__ __forceinline__ void store_gated(const Params& p, int e, i64 q, int col, float g,
+                                            float u, float w) {
+#if RWOI
+  g *= w;
+  u *= w;
+#endif
+#if HAS_BIAS
+  const float* b = (const float*)p.w13_bias + (i64)e * 2 * p.Ip;
+  g += b[gate_row(col, p.Ip)];
+  u += b[up_row(col, p.Ip)];
+#endif
+  float a = activate(g, u, p);
+#if OUT_F16
+  u16 o = mp_f32_to_f16(a);
+#else
+  u16 o = mp_f32_to_bf16(a);
+#endif
+#if !ACT_Q && OUT_F16 != ACT_F16
+  float r = OUT_F16 ? mp_f16_to_f32(o) : mp_bf16_to_f32(o);
+  o = ACT_F16 ? mp_f32_to_f16(r) : mp_f32_to_bf16(r);
+#endif
+  ((u16*)p.inter)[q * p.I + col] = o;
+}
+
+// Stage-2 epilogue of both GEMM paths: bias, then the routing weight unless it was applied
+// on the input.
+__device__ __forceinline__ void store_down(const Params& p, int e, i64 q, int col, float v,
+                                           float w) {
+#if HAS_BIAS
+  v += ((const float*)p.w2_bias)[(i64)e * p.Hp + col];
+#endif
+#if !RWOI
+  v *= w;
+#endif
+  ((float*)p.y)[q * p.H + col] = v;
+}
+
+// ---- routing ----------------------------------------------------------------------------
+
+// Exclusive prefix sum of v[0..n) in place by one block of SCAN_THREADS threads; returns the
+// total to every thread. `tmp` holds SCAN_THREADS ints.
+__device__ int block_exclusive_scan(int* v, int n, int* tmp) {
+  int tid = threadIdx.x;
+  int chunk = (n + SCAN_THREADS - 1) / SCAN_THREADS;
+  int begin = min(tid * chunk, n), end = min(begin + chunk, n);
+  int sum = 0;
+  for (int i = begin; i < end; ++i) sum += v[i];
+  tmp[tid] = sum;
+  __syncthreads();
+  for (int off = 1; off < SCAN_THREADS; off <<= 1) {
+    int add = tid >= off ? tmp[tid - off] : 0;
+    __syncthreads();
+    tmp[tid] += add;
+    __syncthreads();
+  }
+  int run = tmp[tid] - sum;  // exclusive prefix of this chunk
+  int total = tmp[SCAN_THREADS - 1];
+  for (int i = begin; i < end; ++i) {
+    int c = v[i];
+    v[i] = run;
+    run += c;
+  }
+  __syncthreads();
+  return total;
+}
+
+__device__ __forceinline__ int local_tokens(const Params& p) {
+  if (p.num_local_tokens == 0) return p.M;
+  int n = *(const int*)p.num_local_tokens;  // read on the device: graph-capturable
+  return min(max(n, 0), p.M);
+}
+
+// One block: per-expert counts, tiles of BM rows per expert (experts in increasing local id,
+// empty experts get none), tile -> expert map, and the (token, slot) pair of each tile row
+// (-1 = padding). Order inside an expert is whatever the atomics give: every row is computed
+// independently, so results do not depend on it.
+MP_KERNEL void __launch_bounds__(SCAN_THREADS) moe_route(Params p) {
+  extern __shared__ int sm[];
+  int* s_start = sm;              // E + 1: tile start per expert
+  int* s_cursor = sm + p.E + 1;   // E: next free row per expert
+  int* s_tmp = s_cursor + p.E;    // SCAN_THREADS
+  int* s_local = s_tmp + SCAN_THREADS;  // E_global (HAS_MASK): local id or -1
+  int tid = threadIdx.x;
+  const int* ids = (const int*)p.topk_ids;
+  int* pair_local = (int*)p.pair_local;
+  int* tile_expert = (int*)p.tile_expert;
+  int* rows = (int*)p.sorted_rows;
+  int n_tok = local_tokens(p);
+  int npairs = p.M * p.topk;
+
+  for (int e = tid; e <= p.E; e += SCAN_THREADS) s_start[e] = 0;
+#if HAS_MASK
+  const int* mask = (const int*)p.expert_mask;
+  for (int e = tid; e < p.E_global; e += SCAN_THREADS) s_local[e] = mask[e] != 0;
+  __syncthreads();
+  block_exclusive_scan(s_local, p.E_global, s_tmp);  // local id = cumsum(mask) - 1
+  for (int e = tid; e < p.E_global; e += SCAN_THREADS)
+    if (mask[e] == 0) s_local[e] = -1;
+#endif
+  __syncthreads();
+
+  for (int q = tid; q < npairs; q += SCAN_THREADS) {
+    int id = ids[q], lid = -1;
+    if (q / p.topk < n_tok && id >= 0 && id < p.E_global) {
+#if HAS_MASK
+      lid = s_local[id];
+#else
+      lid = id;
+#endif
+      if (lid >= p.E) lid = -1;  // mask names more experts than the weights hold
+    }
+    pair_local[q] = lid;
+    if (lid >= 0) atomicAdd(&s_start[lid], 1);
+  }
+  __syncthreads();
+  // counts -> tile counts -> tile starts
+  for (int e = tid; e < p.E; e += SCAN_THREADS) s_start[e] = (s_start[e] + BM - 1) / BM;
+  __syncthreads();
+  int total = block_exclusive_scan(s_start, p.E + 1, s_tmp);
+  for (int e = tid; e < p.E; e += SCAN_THREADS) {
+    s_cursor[e] = s_start[e] * BM;
+    for (int t = s_start[e]; t < s_start[e + 1]; ++t) tile_expert[t] = e;
+  }
+  for (int t = total + tid; t < p.max_tiles; t += SCAN_THREADS) tile_expert[t] = -1;
+  if (tid == 0) *(int*)p.total_tiles = total;
+  if (tid < 2 && p.amax) ((u32*)p.amax)[tid] = 0u;  // FP8_PER_TENSOR maxima of this launch
+  for (int r = tid; r < total * BM; r += SCAN_THREADS) rows[r] = -1;
+  __syncthreads();  // padding written before the scatter overwrites real rows
+  for (int q = tid; q < npairs; q += SCAN_THREADS) {
+    int lid = pair_local[q];
+    if (lid >= 0) rows[atomicAdd(&s_cursor[lid], 1)] = q;
+  }
+}
+
+// ---- activation quantization (ACT_Q != 0) ----------------------------------------------
+
+#define FP8_MAX (FP8_FNUZ ? 240.0f : 448.0f)
+
+// Stage input row `row` as f32: stage 1 reads hidden_states (the caller's dtype), stage 2 the
+// stage-1 output, already cast to the output dtype as the CPU backend does. Returns false for
+// rows no GEMM reads (tokens at or beyond num_local_tokens, unrouted (token, slot) pairs).
+template <int STAGE>
+__device__ __forceinline__ bool quant_row(const Params& p, i64 row, const u16*& src, int& K) {
+  if (STAGE == 1) {
+    if (row >= local_tokens(p)) return false;
+    src = (const u16*)p.x + row * p.x_cols;
+    K = p.H;
+  } else {
+    if (((const int*)p.pair_local)[row] < 0) return false;
+    src = (const u16*)p.inter + row * p.I;
+    K = p.I;
+  }
+  return true;
+}
+
+template <int STAGE>
+__device__ __forceinline__ float quant_src(const u16* src, int k) {
+  bool f16 = STAGE == 1 ? IN_F16 : OUT_F16;
+  return f16 ? mp_f16_to_f32(src[k]) : mp_bf16_to_f32(src[k]);
+}
+
+// Max of v over the THREADS threads of the block (all threads get it); `red` holds THREADS.
+__device__ __forceinline__ float block_max(float v, float* red) {
+  int tid = threadIdx.x;
+  __syncthreads();  // red may still be read from a previous call
+  red[tid] = v;
+  __syncthreads();
+  for (int off = THREADS / 2; off > 0; off >>= 1) {
+    if (tid < off) red[tid] = fmaxf(red[tid], red[tid + off]);
+    __syncthreads();
+  }
+  return red[0];
+}
+
+// FP8_PER_TENSOR: amax over every row the GEMMs read, into p.amax[STAGE - 1] (non-negative
+// floats order like their bits, so an unsigned atomicMax is a float max).
+template <int STAGE>
+__device__ void amax_rows(const Params& p) {
+#if ACT_Q == AD_FP8_PER_TENSOR
+  __shared__ float red[THREADS];
+  const u16* src;
+  int K;
+  if (!quant_row<STAGE>(p, blockIdx.x, src, K)) return;  // uniform over the block
+  float m = 0.0f;
+  for (int k = threadIdx.x; k < K; k += THREADS) m = fmaxf(m, fabsf(quant_src<STAGE>(src, k)));
+  m = block_max(m, red);
+  if (threadIdx.x == 0) atomicMax((u32*)p.amax + (STAGE - 1), __float_as_uint(m));
+#endif
+}
+
+// Encode y (x already divided by its scale) as the activation code.
+__device__ __forceinline__ u8 act_encode(float y) {
+#if ACT_Q == AD_MXFP4
+  return (u8)mp_f32_to_e2m1(y);
+#else
+  return (u8)mp_f32_to_fp8(y, FP8_FNUZ);
+#endif
+}
+__device__ __forceinline__ float act_decode(u32 c) {
+#if ACT_Q == AD_MXFP4
+  return mp_e2m1_to_f32(c);
+#else
+  return mp_fp8_to_f32(c, FP8_FNUZ);
+#endif
+}
+
+// f32 scale of a group with this amax: amax / fp8max for FP8 (1 for an all-zero group), the
+// e8m0 RoundUp power of two for MX.
+__device__ __forceinline__ float group_scale(float amax) {
+#if ACT_Q == AD_MXFP4 || ACT_Q == AD_MXFP8
+  return mp_e8m0_to_f32(mp_e8m0_round_up(amax, ACT_Q == AD_MXFP4 ? 6.0f : FP8_MAX));
+#else
+  float s = amax / FP8_MAX;
+  return s == 0.0f ? 1.0f : s;
+#endif
+}
+
+// One block per row: codes[row, K] and scales[row, groups]. Groups of QG elements are
+// reduced within chunks of THREADS elements (THREADS % QG == 0, so no group straddles chunks).
+template <int STAGE>
+__device__ void quant_rows(const Params& p) {
+#if ACT_Q
+  __shared__ float red[THREADS];
+  const u16* src;
+  int K;
+  i64 row = blockIdx.x;
+  if (!quant_row<STAGE>(p, row, src, K)) return;  // uniform over the block
+  u8* codes = (u8*)(STAGE == 1 ? p.xq : p.aq) + row * K;
+  float* scales = (float*)(STAGE == 1 ? p.xs : p.as) + row * (STAGE == 1 ? p.ng1 : p.ng2);
+  int tid = threadIdx.x;
+#if QG == 0
+  float scale;
+#if ACT_Q == AD_FP8_PER_TENSOR
+  scale = group_scale(__uint_as_float(((const u32*)p.amax)[STAGE - 1]));
+#else
+  float m = 0.0f;
+  for (int k = tid; k < K; k += THREADS) m = fmaxf(m, fabsf(quant_src<STAGE>(src, k)));
+  scale = group_scale(block_max(m, red));
+#endif
+  for (int k = tid; k < K; k += THREADS) codes[k] = act_encode(quant_src<STAGE>(src, k) / scale);
+  if (tid == 0) scales[0] = scale;
+#else
+  for (int k0 = 0; k0 < K; k0 += THREADS) {
+    int k = k0 + tid;
+    float x = k < K ? quant_src<STAGE>(src, k) : 0.0f;
+    __syncthreads();  // the previous chunk's group maxima have been read
+    red[tid] = fabsf(x);
+    __syncthreads();
+    for (int off = QG / 2; off > 0; off >>= 1) {
+      if ((tid % QG) < off) red[tid] = fmaxf(red[tid], red[tid + off]);
+      __syncthreads();
+    }
+    float scale = group_scale(red[tid - tid % QG]);
+    if (k < K) {
+      codes[k] = act_encode(x / scale);
+      if (k % QG == 0) scales[k / QG] = scale;
+    }
+  }
+#endif
+#endif
+}
+
+MP_KERNEL void __launch_bounds__(THREADS) moe_amax1(Params p) { amax_rows<1>(p); }
+MP_KERNEL void __launch_bounds__(THREADS) moe_amax2(Params p) { amax_rows<2>(p); }
+MP_KERNEL void __launch_bounds__(THREADS) moe_quant1(Params p) { quant_rows<1>(p); }
+MP_KERNEL void __launch_bounds__(THREADS) moe_quant2(Params p) { quant_rows<2>(p); }
+
+// ---- top-k reduction ---------------------------------------------------------------------
+
+// out[t, n] = sum over slots s (in order) of y[t*topk + s, n] for routed pairs; rows at or
+// beyond num_local_tokens and padded columns are zero.
+MP_KERNEL void __launch_bounds__(THREADS) moe_reduce(Params p) {
+  int t = blockIdx.x, n = blockIdx.y * THREADS + threadIdx.x;  // x: tokens (no 65535 cap)
+  if (n >= p.out_cols) return;
+  float sum = 0.0f;
+  if (t < local_tokens(p) && n < p.H) {
+    for (int s = 0; s < p.topk; ++s) {
+      int q = t * p.topk + s;
+      if (((const int*)p.pair_local)[q] >= 0) sum += ((const float*)p.y)[(i64)q * p.H + n];
+    }
+  }
+#if OUT_F16
+  ((u16*)p.out)[(i64)t * p.out_cols + n] = mp_f32_to_f16(sum);
+#else
+  ((u16*)p.out)[(i64)t * p.out_cols + n] = mp_f32_to_bf16(sum);
+#endif
+}

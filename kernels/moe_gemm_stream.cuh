@@ -1,0 +1,450 @@
+// GEMM family FAMILY_STREAM: weight streaming for few tokens per expert (decode), CUDA sm_80+.
+//
+// Swap-AB: C^T = W * X^T, so 16 weight rows fill the M side of mma.sync and the tokens of one
+// sorted tile (BM = 16, two 8-token column tiles) the N side. A block owns 32 weight rows
+// (stage 1: 16 gate + 16 up rows of 16 output features; stage 2: 32 output rows) for one
+// sorted tile, per row group: KW of the 8 warps split K (warp w takes the 4-pack steps w,
+// w + KW, ...), the block holds 8 / KW row groups (fewer, longer K walks when K is short);
+// the partial sums are added in warp order through shared memory (deterministic). Every weight
+// byte of a touched expert is read once per sorted tile, by 16-byte cp.async copies into a
+// per-warp ring in shared memory, SW_NSTAGE - 1 steps ahead of the MMAs (the F1 layout stores
+// 16 rows x one 16-byte pack as 256 contiguous bytes, and lane (gid, tig) takes rows gid and
+// gid + 8 of pack tig, so a warp's copies of a step cover 1 KiB per 16-row tile).
+//
+// The k order inside an MMA is free as long as both operands use the same one: a lane's
+// weight registers hold the consecutive k of its pack, and its activation registers are
+// loaded (and for MXFP4 permuted) to match, so no shuffle is needed.
+//
+// Formats (the host picks this family only for these, heuristics::stream_spec_unsupported):
+// - BF16 / FP16 weights with activations of the same type: the MMA of that type.
+// - MXFP4 weights with bf16 activations: e2m1 -> bf16 by shifts and masks (8 codes per word),
+//   times 2^126 * the e8m0 scale by one exact bf16 multiply (MX scales are powers of two).
+// - FP8 e4m3fn weights (per tensor / channel / block 128) with fp8 activations (per token /
+//   tensor / 1x128): the fp8 MMA m16n8k32 (sm_89+); block scales fold into the fp32 sums per
+//   64-column step (a step never straddles a 128 block), the others apply in the epilogue.
+#pragma once
+#include "moe_common.cuh"
+#include "mma_sm80.cuh"
+
+#define SW_WARPS 8          // warps per block, splitting K
+#define SW_SUBS (BM / 8)    // 8-token column tiles per sorted tile
+#define SW_TLD (BM + 1)     // shared row stride of the partial sums (floats)
+// SW_KW1 / SW_KW2 (-D, heuristics::stream_split_k): warps splitting K in stage 1 / 2.
+#if !defined(SW_KW1) || !defined(SW_KW2) || SW_WARPS % SW_KW1 || SW_WARPS % SW_KW2
+#error "SW_KW1 / SW_KW2: warps splitting K per stage, dividing SW_WARPS"
+#endif
+
+#if WFMT == WF_BF16 || WFMT == WF_FP16
+#define SW_VALS 8           // weight values per 16-byte pack
+#define SW_FP8 0
+#elif WFMT == WF_MXFP4
+#define SW_VALS 32
+#define SW_FP8 0
+#elif WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL || WFMT == WF_FP8_BLOCK128
+#define SW_VALS 16
+#define SW_FP8 1
+#else
+#error "FAMILY_STREAM: unsupported weight format"
+#endif
+#if SW_FP8 && !ACT_Q
+#error "FAMILY_STREAM: fp8 weights run with fp8 activations"
+#endif
+#define SW_KSTEP (4 * SW_VALS)  // K columns per warp step (4 lanes per row)
+// SW_NSTAGE (-D, spec::STREAM_STAGES): steps of each warp's weight ring in dynamic shared
+// memory, filled by cp.async; SW_NSTAGE - 1 steps stay in flight while one is computed.
+// A lane reads back only the 4 x 16 bytes it copied itself, so the ring needs no barrier.
+#if !defined(SW_NSTAGE) || SW_NSTAGE < 2
+#error "SW_NSTAGE: stages of the weight ring, set by the host"
+#endif
+#define SW_RING_BYTES (SW_WARPS * SW_NSTAGE * 4 * 32 * 16)
+// fp8: scales that vary along K fold into the sums per step.
+#define SW_FOLD (SW_FP8 && (WFMT == WF_FP8_BLOCK128 || ACT_Q == AD_FP8_BLOCK128))
+
+// 16 bytes global -> shared without registers (L1 bypassed: weights are read once); `bytes` 0
+// writes zeros and reads nothing.
+__device__ __forceinline__ void sw_cp_async16(void* dst, const void* src, int bytes) {
+  u32 d = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void sw_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void sw_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+__device__ __forceinline__ u32 sw_word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant
+}
+
+__device__ __forceinline__ void sw_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if SW_FP8
+  mma_e4m3_16832(c, a0, a1, a2, a3, b0, b1);
+#elif WFMT == WF_FP16
+  mma_f16_16816(c, a0, a1, a2, a3, b0, b1);
+#else
+  mma_bf16_16816(c, a0, a1, a2, a3, b0, b1);
+#endif
+}
+
+// Codes p and p + 4 of the 8 e2m1 codes in `v` as a bf16 pair times 2^-126 (the code's
+// exponent and mantissa bits placed at the bottom of the bf16 exponent; exact, subnormal for
+// 0.5): the multiply by 2^126 * scale restores the value.
+template <int P>
+__device__ __forceinline__ u32 sw_e2m1_pair(u32 v) {
+  u32 mag = P <= 1 ? v << (6 - 4 * P) : v >> (4 * P - 6);
+  u32 sgn = v << (12 - 4 * P);
+  return (mag & 0x01C001C0u) | (sgn & 0x80008000u);
+}
+
+__device__ __forceinline__ u32 sw_bf16x2_mul(u32 a, u32 b) {
+  u32 d;
+  // fma with -0 is an exact multiply on sm_80 (mul.bf16x2 needs sm_90); bf16 keeps subnormals.
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+
+// The two bf16 multipliers that turn sw_e2m1_pair's output into code * 2^(b - 127): one
+// multiply by 2^(b - 1) when that is a normal bf16 (b <= 128), else 2^126 then 2^(b - 127)
+// (b = 255: NaN, as the CPU's decoding).
+__device__ __forceinline__ void sw_mx_factors(u32 b, u32& f1, u32& f2) {
+  u32 h1 = b <= 128u ? (b + 126u) << 7 : 0x7E80u;
+  u32 h2 = b <= 128u ? 0x3F80u : b == 255u ? 0x7FC0u : b << 7;
+  f1 = h1 | h1 << 16;
+  f2 = h2 | h2 << 16;
+}
+
+// First weight row of row group g's two 16-row tiles (stage 1: t = 0 gate, t = 1 up rows of
+// 16 features; stage 2: 32 output rows).
+template <bool GATED>
+__device__ __forceinline__ int sw_tile_row0(const Params& p, int g, int t) {
+  if (GATED) {
+    int f0 = g * 16;
+#if GATE == GM_SEPARATED
+    return t ? p.Ip + f0 : f0;
+#else  // GM_INTERLEAVE: 16 gate rows then 16 up rows per 32
+    return 2 * f0 + 16 * t;
+#endif
+  }
+  return g * 32 + 16 * t;
+}
+
+template <bool GATED>
+__device__ void moe_gemm_stream(const Params& p) {
+  // KW warps split K; RW = 8 / KW row groups (32 weight rows each) per block.
+  constexpr int KW = GATED ? SW_KW1 : SW_KW2, RW = SW_WARPS / KW;
+  static_assert(sizeof(float) * RW * KW * 2 * 16 * SW_TLD <= SW_RING_BYTES,
+                "the partial sums reuse the ring");
+  extern __shared__ __align__(16) unsigned char sw_smem[];  // SW_RING_BYTES (host: spec)
+  uint4* ring = (uint4*)sw_smem;                            // [warp][stage][t*2+h][lane]
+  auto red = (float(*)[KW][2][16][SW_TLD])sw_smem;          // [RW][KW][..] after the loop
+  __shared__ int s_row[BM];
+  int tile = blockIdx.x;
+  if (tile >= *(const int*)p.total_tiles) return;  // empty tile: exit before any load
+  int e = ((const int*)p.tile_expert)[tile];
+  int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+  int kw = warp % KW, rg = warp / KW, group = blockIdx.y * RW + rg;
+  int rowv = tid < BM ? ((const int*)p.sorted_rows)[tile * BM + tid] : -1;
+  if (tid < BM) s_row[tid] = rowv;
+  // Rows past the expert's tokens are padding (-1), all at the end of its last tile.
+  int nsub = (__syncthreads_count(rowv >= 0) + 7) >> 3;
+
+  int K = GATED ? p.H : p.I;
+  int Kst = GATED ? p.Hp : p.Ip;
+  int Nst = GATED ? 2 * p.Ip : p.Hp;
+  i64 kbytes = (i64)Kst * 16 / SW_VALS;  // bytes per stored row
+  const u8* W = (const u8*)(GATED ? p.w13 : p.w2) + (i64)e * Nst * kbytes;
+  const u8* S = (const u8*)(GATED ? p.w13_scale : p.w2_scale);
+  int nchunks = K / SW_VALS, nsteps = (nchunks + 3) >> 2;
+
+  // This lane's weight rows: tile t, half h = row gid + 8 h of the tile.
+  int row0[2];
+  bool tile_ok[2];
+  const u8* wrow[2][2];
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    row0[t] = sw_tile_row0<GATED>(p, group, t);
+    tile_ok[t] = row0[t] < Nst;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      wrow[t][h] = W + (i64)(row0[t] >> 4) * 16 * kbytes + (gid + 8 * h) * 16;
+  }
+  // This lane's activation rows: token gid of each column tile (B operand), and for the
+  // epilogue-side fold the tokens 2 tig, 2 tig + 1 of each column tile (C columns).
+  const u8* xrow[SW_SUBS];
+#pragma unroll
+  for (int j = 0; j < SW_SUBS; ++j) {
+    int q = s_row[8 * j + gid];
+    xrow[j] = nullptr;
+    if (q >= 0) {
+      i64 r = GATED ? q / p.topk : q;
+#if ACT_Q
+      xrow[j] = (const u8*)(GATED ? p.xq : p.aq) + r * K;
+#else
+      xrow[j] = GATED ? (const u8*)p.x + r * p.x_cols * 2 : (const u8*)p.inter + r * p.I * 2;
+#endif
+    }
+  }
+#if SW_FOLD && ACT_Q == AD_FP8_BLOCK128
+  const float* ascale[SW_SUBS][2];
+#pragma unroll
+  for (int j = 0; j < SW_SUBS; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      int q = s_row[8 * j + 2 * tig + c];
+      ascale[j][c] = nullptr;
+      if (q >= 0) {
+        i64 r = GATED ? q / p.topk : q;
+        ascale[j][c] = (const float*)(GATED ? p.xs : p.as) + r * (GATED ? p.ng1 : p.ng2);
+      }
+    }
+#endif
+
+  float acc[2][SW_SUBS][4];
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int j = 0; j < SW_SUBS; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[t][j][c] = 0.0f;
+
+  // The ring: step st of this warp goes to stage (st / KW) % SW_NSTAGE. MXFP4's e8m0 scale
+  // bytes (4 per lane and step) come one step ahead in registers.
+  uint4* my_ring = ring + (i64)warp * SW_NSTAGE * 4 * 32 + lane;
+  auto issue = [&](int st, int stage) {
+    int c = st * 4 + tig;
+    bool live = st < nsteps && c < nchunks;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        bool ok = live && tile_ok[t];
+        sw_cp_async16(my_ring + (stage * 4 + t * 2 + h) * 32,
+                      ok ? (const void*)(wrow[t][h] + (i64)c * 256) : (const void*)W, ok ? 16 : 0);
+      }
+    sw_cp_async_commit();  // one group per step, empty ones too: the wait count stays exact
+  };
+  u32 bcur[2][2], bnext[2][2];
+  auto scales = [&](int st, u32 (&b)[2][2]) {
+#if WFMT == WF_MXFP4
+    int c = st * 4 + tig;
+    bool live = st < nsteps && c < nchunks;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        b[t][h] = live && tile_ok[t]
+                      ? (u32)S[mx_scale_offset(e, row0[t] + gid + 8 * h, Nst, c, Kst / 32)]
+                      : 127u;
+#endif
+  };
+
+#pragma unroll
+  for (int s0 = 0; s0 < SW_NSTAGE - 1; ++s0) issue(kw + s0 * KW, s0);
+  scales(kw, bcur);
+  int stage = 0;
+  for (int st = kw; st < nsteps; st += KW) {
+    issue(st + (SW_NSTAGE - 1) * KW, (stage + SW_NSTAGE - 1) % SW_NSTAGE);
+    scales(st + KW, bnext);
+    sw_cp_async_wait<SW_NSTAGE - 1>();  // this step's group has landed
+    uint4 wcur[2][2];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) wcur[t][h] = my_ring[(stage * 4 + t * 2 + h) * 32];
+    int c = st * 4 + tig;
+    bool live = c < nchunks;
+    i64 kb = (i64)c * 16;  // byte offset of this lane's pack in an activation row (16-bit / fp8)
+
+#if SW_FP8
+    // Activation codes: 16 per lane and column tile, the same k as the weight pack.
+    uint4 xb[SW_SUBS];
+#pragma unroll
+    for (int j = 0; j < SW_SUBS; ++j)
+      xb[j] = j < nsub && live && xrow[j] ? *(const uint4*)(xrow[j] + kb) : make_uint4(0u, 0u, 0u, 0u);
+#if SW_FOLD
+    float part[2][SW_SUBS][4];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int j = 0; j < SW_SUBS; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) part[t][j][q] = 0.0f;
+#define SW_ACC part
+#else
+#define SW_ACC acc
+#endif
+#pragma unroll
+    for (int s = 0; s < 2; ++s)
+#pragma unroll
+      for (int j = 0; j < SW_SUBS; ++j) {
+        if (j >= nsub) continue;
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+          sw_mma(SW_ACC[t][j], sw_word(wcur[t][0], 2 * s), sw_word(wcur[t][1], 2 * s),
+                 sw_word(wcur[t][0], 2 * s + 1), sw_word(wcur[t][1], 2 * s + 1),
+                 sw_word(xb[j], 2 * s), sw_word(xb[j], 2 * s + 1));
+      }
+#undef SW_ACC
+#if SW_FOLD
+    {
+      // This step's 64 columns lie in one 128 block of K (the warp's 4 packs of 16).
+      int kblk = (st * SW_KSTEP) >> 7;
+      float ws[2];
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#if WFMT == WF_FP8_BLOCK128
+        int nb = (Nst + 127) >> 7, kbn = (Kst + 127) >> 7;
+        ws[t] = tile_ok[t] ? ((const float*)S)[((i64)e * nb + (row0[t] >> 7)) * kbn + kblk] : 0.0f;
+#else
+        ws[t] = 1.0f;
+#endif
+      }
+#pragma unroll
+      for (int j = 0; j < SW_SUBS; ++j) {
+        if (j >= nsub) continue;
+        float as[2] = {1.0f, 1.0f};
+#if ACT_Q == AD_FP8_BLOCK128
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) as[cc] = ascale[j][cc] ? ascale[j][cc][kblk] : 0.0f;
+#endif
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+            acc[t][j][q] = fmaf(part[t][j][q], ws[t] * as[q & 1], acc[t][j][q]);
+      }
+    }
+#endif
+#elif WFMT == WF_MXFP4
+    // 32 codes per lane and row; the activations of the same 32 k, paired as the codes are
+    // (k, k + 4) within each 8.
+    u32 f1[2][2], f2[2][2];
+    bool twice = false;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        sw_mx_factors(bcur[t][h], f1[t][h], f2[t][h]);
+        twice |= bcur[t][h] > 128u;
+      }
+    twice = __any_sync(0xffffffffu, twice);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // the lane's 8-code word i = k 8i .. 8i + 7 of its pack
+      uint4 xv[SW_SUBS];
+#pragma unroll
+      for (int j = 0; j < SW_SUBS; ++j)
+        xv[j] = j < nsub && live && xrow[j] ? *(const uint4*)(xrow[j] + (i64)c * 64 + i * 16)
+                                            : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int s2 = 0; s2 < 2; ++s2) {  // MMA step: code pairs P = 2 s2, 2 s2 + 1
+        u32 a[2][2][2];  // [tile][half][pair]
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            u32 v = sw_word(wcur[t][h], i);
+            u32 p0 = s2 ? sw_e2m1_pair<2>(v) : sw_e2m1_pair<0>(v);
+            u32 p1 = s2 ? sw_e2m1_pair<3>(v) : sw_e2m1_pair<1>(v);
+            p0 = sw_bf16x2_mul(p0, f1[t][h]);
+            p1 = sw_bf16x2_mul(p1, f1[t][h]);
+            if (twice) {
+              p0 = sw_bf16x2_mul(p0, f2[t][h]);
+              p1 = sw_bf16x2_mul(p1, f2[t][h]);
+            }
+            a[t][h][0] = p0;
+            a[t][h][1] = p1;
+          }
+#pragma unroll
+        for (int j = 0; j < SW_SUBS; ++j) {
+          if (j >= nsub) continue;
+          // activations (e0 e1)(e2 e3)(e4 e5)(e6 e7) -> (e_P, e_P+4) pairs
+          u32 w0 = s2 ? xv[j].y : xv[j].x, w1 = s2 ? xv[j].w : xv[j].z;
+          u32 b0 = __byte_perm(w0, w1, 0x5410), b1 = __byte_perm(w0, w1, 0x7632);
+#pragma unroll
+          for (int t = 0; t < 2; ++t)
+            sw_mma(acc[t][j], a[t][0][0], a[t][1][0], a[t][0][1], a[t][1][1], b0, b1);
+        }
+      }
+    }
+#else
+    // 16-bit: 8 values per lane and row, two k16 MMA steps.
+    uint4 xb[SW_SUBS];
+#pragma unroll
+    for (int j = 0; j < SW_SUBS; ++j)
+      xb[j] = j < nsub && live && xrow[j] ? *(const uint4*)(xrow[j] + kb) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int s = 0; s < 2; ++s)
+#pragma unroll
+      for (int j = 0; j < SW_SUBS; ++j) {
+        if (j >= nsub) continue;
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+          sw_mma(acc[t][j], sw_word(wcur[t][0], 2 * s), sw_word(wcur[t][1], 2 * s),
+                 sw_word(wcur[t][0], 2 * s + 1), sw_word(wcur[t][1], 2 * s + 1),
+                 sw_word(xb[j], 2 * s), sw_word(xb[j], 2 * s + 1));
+      }
+#endif
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) bcur[t][h] = bnext[t][h];
+    stage = stage + 1 == SW_NSTAGE ? 0 : stage + 1;
+  }
+  sw_cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the ring before it holds the partial sums
+
+  // Partial sums of each warp -> shared; then each (row, token) of the block adds its KW
+  // partials in warp order (deterministic).
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int j = 0; j < SW_SUBS; ++j) {
+      if (j >= nsub) continue;
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        red[rg][kw][t][gid + 8 * (q >> 1)][8 * j + 2 * tig + (q & 1)] = acc[t][j][q];
+    }
+  __syncthreads();
+  for (int idx = tid; idx < RW * 16 * BM; idx += THREADS) {
+    int g = idx / (16 * BM), r = (idx / BM) % 16, tok = idx % BM, q = s_row[tok];
+    if (q < 0) continue;
+    float v[2] = {0.0f, 0.0f};
+    for (int w = 0; w < KW; ++w) {
+      v[0] += red[g][w][0][r][tok];
+      v[1] += red[g][w][1][r][tok];
+    }
+    int grp = blockIdx.y * RW + g;
+    float wt = ((const float*)p.topk_weights)[q];
+    float sa = 1.0f;  // activation scale that does not vary along K
+#if ACT_Q && ACT_Q != AD_FP8_BLOCK128
+    sa = ((const float*)(GATED ? p.xs : p.as))[(i64)(GATED ? q / p.topk : q) *
+                                                (GATED ? p.ng1 : p.ng2)];
+#endif
+    if (GATED) {
+      int col = grp * 16 + r;
+      if (col >= p.I) continue;
+      float g1 = v[0] * sa, u = v[1] * sa;
+#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
+      g1 *= w_scale(S, e, gate_row(col, p.Ip), 0, Nst, Kst);
+      u *= w_scale(S, e, up_row(col, p.Ip), 0, Nst, Kst);
+#endif
+      store_gated(p, e, q, col, g1, u, wt);
+    } else {
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        int col = grp * 32 + 16 * t + r;
+        if (col >= p.H) continue;
+        float y = v[t] * sa;
+#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
+        y *= w_scale(S, e, col, 0, Nst, Kst);
+#endif
+        store_down(p, e, q, col, y, wt);
+      }
+    }
+  }
+}
+
+// Two blocks per SM (16 warps) keep enough weight bytes in flight (the compile check fails on
+// any spill this cap would cause).
+MP_KERNEL void __launch_bounds__(THREADS, 2) moe_stage1(Params p) { moe_gemm_stream<true>(p); }
+MP_KERNEL void __launch_bounds__(THREADS, 2) moe_stage2(Params p) { moe_gemm_stream<false>(p); }

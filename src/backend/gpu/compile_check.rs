@@ -1,0 +1,179 @@
+//! Every kernel configuration the heuristics can select on an arch, for the compile check
+//! (`tests/kernel_compile.rs` runs it with NVRTC alone, no GPU): each (family, format, act
+//! dtype, weight layout, scale layout, gate mode) the device could run, with the options
+//! (activation, biases, router weight on input, mask, fp16 in/out, fnuz) rotated so that
+//! every value of each option is compiled in every family.
+
+use super::heuristics::selectable;
+use super::spec::{Family, KernelSpec};
+use crate::types::{ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout};
+
+pub fn selectable_specs(sm: u32) -> Vec<KernelSpec> {
+    let mut out = Vec::new();
+    let mut n = 0usize; // rotates the options over candidates
+    for family in Family::ALL {
+        let mut chosen = 0usize; // rotates the activation over this family's configurations
+        for &wf in WeightFormat::ALL {
+            let scale_layouts: Vec<Option<ScaleLayout>> = if wf.is_mx() {
+                ScaleLayout::ALL.iter().copied().map(Some).collect()
+            } else {
+                vec![None]
+            };
+            for &act in wf.allowed_act_dtypes() {
+                for &wl in WeightLayout::ALL {
+                    for sl in &scale_layouts {
+                        for &gm in GateMode::ALL {
+                            let fp8 = matches!(
+                                wf,
+                                WeightFormat::Fp8PerTensor
+                                    | WeightFormat::Fp8PerChannel
+                                    | WeightFormat::Fp8Block128
+                                    | WeightFormat::Mxfp8
+                            );
+                            let bit = |k: usize| (n >> k) & 1 == 1;
+                            // 16-bit activations take the input dtype that matches them.
+                            let in_f16 = match act {
+                                ActDtype::Fp16 => true,
+                                ActDtype::Bf16 => false,
+                                _ => bit(4),
+                            };
+                            let mut spec = KernelSpec {
+                                family,
+                                weight_format: wf,
+                                weight_layout: wl,
+                                scale_layout: *sl,
+                                gate_mode: gm,
+                                activation: Activation::ALL[chosen % Activation::ALL.len()],
+                                act_dtype: act,
+                                in_f16,
+                                out_f16: bit(3),
+                                has_bias: bit(0),
+                                router_weight_on_input: bit(1),
+                                has_mask: bit(2),
+                                fp8_fnuz: fp8 && bit(5),
+                                // every split the heuristics can pick, rotated over stages
+                                split_k: [[8, 4, 2, 1][n % 4], [8, 4, 2, 1][(n / 4) % 4]],
+                            };
+                            n += 1;
+                            if !selectable(sm, &spec) && spec.fp8_fnuz {
+                                spec.fp8_fnuz = false; // fnuz is not on every family
+                            }
+                            if selectable(sm, &spec) {
+                                out.push(spec);
+                                chosen += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Registers, spill bytes and shared memory per kernel from a `--ptxas-options=-v` log.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct KernelUsage {
+    pub name: String,
+    pub registers: u32,
+    pub spill_bytes: u32,
+    pub stack_bytes: u32,
+}
+
+/// Parse ptxas' report: "Compiling entry function 'moe_stage1' for 'sm_90'", then
+/// "N bytes stack frame, N bytes spill stores, N bytes spill loads" and "Used N registers".
+pub fn parse_ptxas_log(log: &str) -> Vec<KernelUsage> {
+    let num_before = |line: &str, word: &str| -> u32 {
+        let words: Vec<&str> = line
+            .split(|c: char| c.is_whitespace() || c == ',')
+            .collect();
+        words
+            .iter()
+            .position(|w| *w == word)
+            .and_then(|i| words[..i].iter().rev().find_map(|w| w.parse().ok()))
+            .unwrap_or(0)
+    };
+    let mut out: Vec<KernelUsage> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or("").to_string();
+            out.push(KernelUsage {
+                name,
+                ..Default::default()
+            });
+        } else if let Some(k) = out.last_mut() {
+            if line.contains("spill stores") {
+                k.stack_bytes = num_before(line, "stack");
+                k.spill_bytes = num_before(line, "stores") + num_before(line, "loads");
+            } else if line.contains("Used") && line.contains("registers") {
+                k.registers = num_before(line, "registers");
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_and_format_is_covered() {
+        let specs = selectable_specs(90);
+        for f in [Family::Tile32, Family::Stream] {
+            assert!(specs.iter().any(|s| s.family == f), "{f:?}");
+        }
+        assert!(!specs.iter().any(|s| s.family == Family::Fp32));
+        for &wf in WeightFormat::ALL {
+            assert!(specs
+                .iter()
+                .any(|s| s.family == Family::Tile32 && s.weight_format == wf));
+        }
+        // Each option value appears in each family.
+        for f in [Family::Tile32, Family::Stream] {
+            let fam: Vec<&KernelSpec> = specs.iter().filter(|s| s.family == f).collect();
+            for v in [false, true] {
+                assert!(fam.iter().any(|s| s.has_bias == v), "{f:?} bias {v}");
+                assert!(fam.iter().any(|s| s.has_mask == v), "{f:?} mask {v}");
+                assert!(
+                    fam.iter().any(|s| s.router_weight_on_input == v),
+                    "{f:?} rwoi {v}"
+                );
+                assert!(fam.iter().any(|s| s.out_f16 == v), "{f:?} out {v}");
+            }
+            for &a in Activation::ALL {
+                assert!(fam.iter().any(|s| s.activation == a), "{f:?} {a:?}");
+            }
+        }
+        // No fp8 MMA before sm_89; only the fp32 family before sm_80.
+        assert!(!selectable_specs(80)
+            .iter()
+            .any(|s| s.family == Family::Stream && s.weight_format == WeightFormat::Fp8Block128));
+        assert!(selectable_specs(75)
+            .iter()
+            .all(|s| s.family == Family::Fp32));
+    }
+
+    #[test]
+    fn ptxas_report_is_parsed() {
+        let log = "ptxas info    : Compiling entry function 'moe_stage1' for 'sm_90'\n\
+                   ptxas info    : Function properties for moe_stage1\n\
+                   \x20   16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n\
+                   ptxas info    : Used 128 registers, used 1 barriers, 35968 bytes smem\n\
+                   ptxas info    : Compiling entry function 'moe_reduce' for 'sm_90'\n\
+                   \x20   0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+                   ptxas info    : Used 18 registers\n";
+        let k = parse_ptxas_log(log);
+        assert_eq!(k.len(), 2);
+        assert_eq!(
+            k[0],
+            KernelUsage {
+                name: "moe_stage1".into(),
+                registers: 128,
+                spill_bytes: 12,
+                stack_bytes: 16
+            }
+        );
+        assert_eq!((k[1].registers, k[1].spill_bytes), (18, 0));
+    }
+}

@@ -1,0 +1,189 @@
+//! Which GEMM family runs a launch: the one place that maps (arch, M, E, top-k, H, I,
+//! format, act dtype, layout) to a [`Family`]. Deterministic: the same launch on the same
+//! device always gets the same kernels (no timing, no environment, unless the diagnostic
+//! override below is set).
+
+use once_cell::sync::Lazy;
+
+use super::spec::{Family, KernelSpec};
+use crate::moe::check::LaunchShape;
+use crate::moe::MoeLaunch;
+use crate::types::{ActDtype, GateMode, WeightFormat, WeightLayout};
+
+/// Average (token, slot) pairs per local expert up to which the stream family runs: it reads
+/// each weight byte once per 16-pair tile, so up to two tiles per expert it moves the fewest
+/// bytes; above that the tile family's larger blocks reuse weights and activations better.
+pub const STREAM_MAX_PAIRS_PER_EXPERT: usize = 32;
+
+/// `MOEPLUG_GPU_FAMILY=fp32|tile32|stream`: a diagnostic preference (benchmarks and tests
+/// run every family on the same shapes); a family that cannot run a launch is never forced.
+static PREFERENCE: Lazy<Option<Family>> = Lazy::new(|| {
+    std::env::var("MOEPLUG_GPU_FAMILY")
+        .ok()
+        .and_then(|v| Family::from_name(v.trim()))
+});
+
+/// "sm_90" -> 90.
+pub fn sm_version(arch: &str) -> Option<u32> {
+    arch.strip_prefix("sm_").and_then(|v| v.parse().ok())
+}
+
+/// Weight values per 16-byte pack (the stream family's K granule).
+fn pack_values(format: WeightFormat) -> usize {
+    match format {
+        WeightFormat::Bf16 | WeightFormat::Fp16 => 8,
+        WeightFormat::Mxfp4 => 32,
+        _ => 16,
+    }
+}
+
+/// Why the stream family cannot be compiled for this configuration on `sm`, or None.
+pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str> {
+    use ActDtype as A;
+    use WeightFormat as W;
+    if sm < 80 {
+        return Some("needs sm_80 (mma.sync)");
+    }
+    if spec.weight_layout != WeightLayout::Aiter16x16 {
+        return Some("reads the AITER 16x16 weight layout only");
+    }
+    if !matches!(spec.gate_mode, GateMode::Separated | GateMode::Interleave) {
+        return Some("gate modes SEPARATED and INTERLEAVE only");
+    }
+    let act16 = |a: ActDtype, f16: bool| spec.act_dtype == a && spec.in_f16 == f16;
+    let format_ok = match spec.weight_format {
+        W::Bf16 | W::Mxfp4 => act16(A::Bf16, false),
+        W::Fp16 => act16(A::Fp16, true),
+        W::Fp8PerTensor | W::Fp8PerChannel | W::Fp8Block128 => {
+            if sm < 89 {
+                return Some("fp8 MMA needs sm_89");
+            }
+            !spec.fp8_fnuz
+                && matches!(
+                    spec.act_dtype,
+                    A::Fp8PerToken | A::Fp8PerTensor | A::Fp8Block128
+                )
+        }
+        W::Mxfp8 => false,
+    };
+    if !format_ok {
+        return Some("format / activation dtype pairing not covered");
+    }
+    None
+}
+
+/// Why the stream family cannot run this launch (configuration, then sizes and alignment),
+/// or None if it can.
+pub fn stream_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Option<&'static str> {
+    if let Some(why) = stream_spec_unsupported(sm, spec) {
+        return Some(why);
+    }
+    let l = &launch.config.layout;
+    let v = pack_values(spec.weight_format);
+    if l.hidden_size % v != 0 || l.intermediate_size % v != 0 || l.intermediate_padded % 16 != 0 {
+        return Some("hidden / intermediate sizes not multiples of the 16-byte pack");
+    }
+    if !spec.act_dtype.is_quantized() {
+        let x = &launch.hidden_states;
+        let row_bytes = x.dim(1) * 2;
+        if row_bytes % 16 != 0 || (x.ptr as usize) % 16 != 0 {
+            return Some("hidden_states rows are not 16-byte aligned");
+        }
+    }
+    None
+}
+
+/// Whether `choose` can return `family` for some launch of this configuration on `sm`.
+pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
+    match spec.family {
+        Family::Fp32 => sm < 80,
+        Family::Tile32 => sm >= 80,
+        Family::Stream => stream_spec_unsupported(sm, spec).is_none(),
+    }
+}
+
+/// The kernel configuration for this launch on `arch`: its family and, for the stream family,
+/// the K split of each stage.
+pub fn spec_for(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> KernelSpec {
+    let family = choose(arch, launch, shape);
+    let mut spec = KernelSpec::for_launch(launch, family);
+    if family == Family::Stream {
+        let l = &launch.config.layout;
+        let steps = |k: usize| k.div_ceil(4 * pack_values(spec.weight_format));
+        // Sorted tiles with rows: at least the touched experts, at most one per pair.
+        let tiles = (shape.m * shape.topk).min(l.num_experts).max(1);
+        spec.split_k = [
+            stream_split_k(
+                steps(l.hidden_size),
+                tiles * l.intermediate_size.div_ceil(16),
+            ),
+            stream_split_k(
+                steps(l.intermediate_size),
+                tiles * l.hidden_size.div_ceil(32),
+            ),
+        ];
+    }
+    spec
+}
+
+/// Blocks the stream family wants at least, so that every SM of an H100/H200-class GPU (132)
+/// gets several (two resident per SM): fewer and the K split stays wide.
+const STREAM_MIN_BLOCKS: usize = 132 * 2 * 3;
+/// K steps per warp below which a warp spends more time on its prologue and the block's
+/// reduction than on streaming.
+const STREAM_MIN_STEPS_PER_WARP: usize = 4;
+
+/// Warps (of 8) that split K in a stream stage of `steps` 4-pack steps, whose 32-row groups
+/// number `row_groups` over the launch: the widest split (8) unless the warps would get too
+/// few steps, as long as the blocks stay plentiful.
+pub fn stream_split_k(steps: usize, row_groups: usize) -> u32 {
+    let mut kw = 8usize;
+    while kw > 1
+        && steps / kw < STREAM_MIN_STEPS_PER_WARP
+        && row_groups.div_ceil(8 / (kw / 2)) >= STREAM_MIN_BLOCKS
+    {
+        kw /= 2;
+    }
+    kw as u32
+}
+
+/// The family for this launch on `arch`.
+pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
+    let Some(sm) = sm_version(arch).filter(|&sm| sm >= 80) else {
+        return Family::Fp32; // HIP and pre-Ampere CUDA
+    };
+    let spec = KernelSpec::for_launch(launch, Family::Stream);
+    let stream_ok = stream_unsupported(sm, &spec, launch).is_none();
+    match *PREFERENCE {
+        Some(Family::Stream) if stream_ok => return Family::Stream,
+        Some(f @ (Family::Tile32 | Family::Fp32)) => return f,
+        _ => {}
+    }
+    let experts = launch.config.layout.num_experts.max(1);
+    let pairs_per_expert = (shape.m * shape.topk).div_ceil(experts);
+    if stream_ok && pairs_per_expert <= STREAM_MAX_PAIRS_PER_EXPERT {
+        Family::Stream
+    } else {
+        Family::Tile32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_k_narrows_only_for_short_k_with_blocks_to_spare() {
+        assert_eq!(stream_split_k(64, 10_000), 8); // long K
+        assert_eq!(stream_split_k(12, 100_000), 2); // short K, many blocks
+        assert_eq!(stream_split_k(12, 400), 8); // short K, few blocks: keep the SMs busy
+        assert_eq!(stream_split_k(1, 1 << 20), 1);
+    }
+
+    #[test]
+    fn arch_strings() {
+        assert_eq!(sm_version("sm_90"), Some(90));
+        assert_eq!(sm_version("sm_100"), Some(100));
+        assert_eq!(sm_version("gfx942"), None);
+    }
+}

@@ -1,0 +1,234 @@
+//! The typed description of one compiled fused-MoE kernel configuration: which GEMM family
+//! and which format / layout / dtype / option choices it is specialised for. It renders the
+//! `-D` options of the NVRTC/hipRTC compile (so it is also the kernel-cache key) and the
+//! prelude that gives the kernels every ABI enum value by name.
+
+use crate::moe::MoeLaunch;
+use crate::tensor::{ElemType, Tensor};
+use crate::types::{ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout};
+
+/// Steps of the stream family's per-warp weight ring (`SW_NSTAGE`).
+pub const STREAM_STAGES: usize = 4;
+/// Warps of every GEMM block (`THREADS` / 32 in kernels/moe_common.cuh).
+const GEMM_WARPS: usize = 8;
+
+/// A GEMM family of kernels/fused_moe.cu (`FAMILY_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// fp32 FMA tiles: any device, any configuration (moe_gemm_fp32.cuh).
+    Fp32 = 0,
+    /// mma.sync, 32 sorted rows x 128 weight rows per block: CUDA sm_80+ (moe_gemm_tile32.cuh).
+    Tile32 = 1,
+    /// Swap-AB weight streaming for few tokens per expert: CUDA sm_80+ (moe_gemm_stream.cuh).
+    Stream = 2,
+}
+
+impl Family {
+    pub const ALL: [Family; 3] = [Family::Fp32, Family::Tile32, Family::Stream];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Fp32 => "fp32",
+            Family::Tile32 => "tile32",
+            Family::Stream => "stream",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// Rows (token, slot pairs) per sorted tile: the route pads each expert to this (`BM`).
+    pub fn tile_rows(self) -> usize {
+        match self {
+            Family::Stream => 16,
+            Family::Fp32 | Family::Tile32 => 32,
+        }
+    }
+}
+
+/// Everything the compiled kernel is specialised for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KernelSpec {
+    pub family: Family,
+    pub weight_format: WeightFormat,
+    pub weight_layout: WeightLayout,
+    pub scale_layout: Option<ScaleLayout>,
+    pub gate_mode: GateMode,
+    pub activation: Activation,
+    pub act_dtype: ActDtype,
+    /// hidden_states / output are fp16 (else bf16).
+    pub in_f16: bool,
+    pub out_f16: bool,
+    pub has_bias: bool,
+    pub router_weight_on_input: bool,
+    pub has_mask: bool,
+    /// fp8 weights (and fp8 activations) are e4m3fnuz.
+    pub fp8_fnuz: bool,
+    /// Stream family: warps (of 8) splitting K in stage 1 and stage 2 (`SW_KW1`, `SW_KW2`);
+    /// the block holds 8 / kw row groups. Unused by the other families.
+    pub split_k: [u32; 2],
+}
+
+impl KernelSpec {
+    pub fn for_launch(launch: &MoeLaunch, family: Family) -> KernelSpec {
+        let c = &launch.config;
+        let l = &c.layout;
+        let f16 = |t: &Tensor| t.elem == ElemType::F16;
+        KernelSpec {
+            family,
+            weight_format: l.weight_format,
+            weight_layout: l.weight_layout,
+            scale_layout: l.scale_layout,
+            gate_mode: l.gate_mode,
+            activation: c.activation,
+            act_dtype: c.act_dtype,
+            in_f16: f16(&launch.hidden_states),
+            out_f16: f16(&launch.output),
+            has_bias: l.has_bias,
+            router_weight_on_input: c.router_weight_on_input,
+            has_mask: launch.expert_mask.is_some(),
+            fp8_fnuz: launch.w13.elem == ElemType::Fp8E4m3fnuz,
+            split_k: [8, 8],
+        }
+    }
+
+    /// Dynamic shared memory of each GEMM block (`SW_RING_BYTES` of the stream family: per
+    /// warp and stage, 4 x 16 bytes per lane).
+    pub fn dynamic_shared_bytes(&self) -> usize {
+        match self.family {
+            Family::Stream => GEMM_WARPS * STREAM_STAGES * 4 * 32 * 16,
+            Family::Fp32 | Family::Tile32 => 0,
+        }
+    }
+
+    /// Output columns (weight rows) one block of stage 1 / stage 2 covers.
+    pub fn block_columns(&self) -> (usize, usize) {
+        match self.family {
+            Family::Fp32 => (64, 64),
+            Family::Tile32 => (64, 128),
+            Family::Stream => {
+                let groups = |kw: u32| 8 / kw.clamp(1, 8) as usize;
+                (16 * groups(self.split_k[0]), 32 * groups(self.split_k[1]))
+            }
+        }
+    }
+
+    /// The `-D` options (names from [`abi_prelude`] where the value is an ABI enum).
+    pub fn defines(&self) -> Vec<String> {
+        let slayout = self.scale_layout.map(|s| s as i32).unwrap_or(0);
+        let act_q = if self.act_dtype.is_quantized() {
+            self.act_dtype as i32
+        } else {
+            0
+        };
+        let b = |v: bool| v as i32;
+        let mut d = vec![
+            format!("FAMILY={}", self.family as i32),
+            format!("BM={}", self.family.tile_rows()),
+            format!("WFMT={}", self.weight_format as i32),
+            format!("WLAYOUT={}", self.weight_layout as i32),
+            format!("SLAYOUT={slayout}"),
+            format!("GATE={}", self.gate_mode as i32),
+            format!("ACT={}", self.activation as i32),
+            format!("ACT_F16={}", b(self.act_dtype == ActDtype::Fp16)),
+            format!("ACT_Q={act_q}"),
+            format!("IN_F16={}", b(self.in_f16)),
+            format!("OUT_F16={}", b(self.out_f16)),
+            format!("HAS_BIAS={}", b(self.has_bias)),
+            format!("RWOI={}", b(self.router_weight_on_input)),
+            format!("HAS_MASK={}", b(self.has_mask)),
+            format!("FP8_FNUZ={}", b(self.fp8_fnuz)),
+        ];
+        if self.family == Family::Stream {
+            d.push(format!("SW_NSTAGE={STREAM_STAGES}"));
+            d.push(format!("SW_KW1={}", self.split_k[0]));
+            d.push(format!("SW_KW2={}", self.split_k[1]));
+        }
+        d
+    }
+}
+
+/// `#define` lines naming every ABI enum value and every family, prepended to the kernel
+/// source: the kernels compare `WFMT == WF_MXFP4`, never a bare integer, and the values come
+/// from the one Rust definition of each enum.
+pub fn abi_prelude() -> String {
+    fn block<T: Copy>(
+        out: &mut String,
+        prefix: &str,
+        all: &[T],
+        f: impl Fn(T) -> (&'static str, i32),
+    ) {
+        for &v in all {
+            let (label, value) = f(v);
+            out.push_str(&format!(
+                "#define {prefix}_{} {value}\n",
+                label.to_uppercase()
+            ));
+        }
+    }
+    let mut s = String::from("// generated by src/backend/gpu/spec.rs (abi_prelude)\n");
+    block(&mut s, "WF", WeightFormat::ALL, |v| (v.label(), v as i32));
+    block(&mut s, "AD", ActDtype::ALL, |v| (v.label(), v as i32));
+    block(&mut s, "GM", GateMode::ALL, |v| (v.label(), v as i32));
+    block(&mut s, "AF", Activation::ALL, |v| (v.label(), v as i32));
+    block(&mut s, "WL", WeightLayout::ALL, |v| (v.label(), v as i32));
+    block(&mut s, "SL", ScaleLayout::ALL, |v| (v.label(), v as i32));
+    block(&mut s, "FAMILY", &Family::ALL, |v| (v.name(), v as i32));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prelude_names_every_value_the_kernels_use() {
+        let p = abi_prelude();
+        for line in [
+            "#define WF_MXFP4 6",
+            "#define AD_FP8_BLOCK128 5",
+            "#define GM_INTERLEAVE_ROWS 3",
+            "#define AF_SWIGLU_OAI 3",
+            "#define WL_AITER_16X16 2",
+            "#define SL_CDNA4_SWIZZLE 3",
+            "#define FAMILY_STREAM 2",
+        ] {
+            assert!(p.contains(line), "{line} missing from\n{p}");
+        }
+        // Every name a kernel source compares against is defined by the prelude.
+        let defined: Vec<&str> = p
+            .lines()
+            .filter_map(|l| l.strip_prefix("#define "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        for (file, src) in super::super::cache::KERNEL_HEADERS
+            .iter()
+            .chain([("fused_moe.cu", super::super::cache::FUSED_MOE_SOURCE)].iter())
+        {
+            for word in src.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                let prefixed = ["WF_", "AD_", "GM_", "AF_", "WL_", "SL_", "FAMILY_"]
+                    .iter()
+                    .any(|p| word.starts_with(p));
+                if prefixed
+                    && word
+                        .chars()
+                        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+                {
+                    assert!(
+                        defined.contains(&word),
+                        "{file} uses {word}, not in the prelude"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn family_names_round_trip() {
+        for f in Family::ALL {
+            assert_eq!(Family::from_name(f.name()), Some(f));
+        }
+        assert_eq!(Family::from_name("wgmma"), None);
+    }
+}

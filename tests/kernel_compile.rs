@@ -1,0 +1,85 @@
+//! The compile check: every fused-MoE kernel configuration the heuristics can select on
+//! sm_80, sm_89 and sm_90 compiles with NVRTC (no GPU needed) without register spills or a
+//! stack frame. Needs libnvrtc on the loader path (`.ci/run` installs it from PyPI); without
+//! it the test says so and passes, unless MOEPLUG_REQUIRE_NVRTC=1 (CI) makes it fail.
+//! `MOEPLUG_COMPILE_CHECK_ARCHS=sm_90` narrows the archs, `MOEPLUG_COMPILE_CHECK_LIMIT=N`
+//! compiles only every N-th configuration and `MOEPLUG_COMPILE_CHECK_FAMILY=stream` one family
+//! (a quick local look).
+
+use moeplug::backend::gpu::{cache, compile_check, driver};
+
+#[test]
+fn every_selectable_kernel_compiles_without_spills() {
+    let rtc = match driver::load_nvrtc() {
+        Ok(r) => r,
+        Err(e) => {
+            if std::env::var("MOEPLUG_REQUIRE_NVRTC").as_deref() == Ok("1") {
+                panic!("MOEPLUG_REQUIRE_NVRTC=1 but {}", e.message);
+            }
+            eprintln!("kernel compile check SKIPPED: {}", e.message);
+            return;
+        }
+    };
+    let archs =
+        std::env::var("MOEPLUG_COMPILE_CHECK_ARCHS").unwrap_or_else(|_| "sm_80,sm_89,sm_90".into());
+    let every: usize = std::env::var("MOEPLUG_COMPILE_CHECK_LIMIT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut failures = Vec::new();
+    let mut compiled = 0;
+    for arch in archs.split(',') {
+        let sm: u32 = arch.trim_start_matches("sm_").parse().expect("arch sm_XY");
+        let family = std::env::var("MOEPLUG_COMPILE_CHECK_FAMILY").ok();
+        let specs: Vec<_> = compile_check::selectable_specs(sm)
+            .into_iter()
+            .filter(|s| family.as_deref().is_none_or(|f| s.family.name() == f))
+            .step_by(every.max(1))
+            .collect();
+        let results = std::sync::Mutex::new(Vec::new());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(spec) = specs.get(i) else { break };
+                    let r = cache::compile_check(&rtc, arch, &spec.defines());
+                    results.lock().unwrap().push((i, r));
+                });
+            }
+        });
+        let mut results = results.into_inner().unwrap();
+        results.sort_by_key(|(i, _)| *i);
+        for (i, r) in results {
+            let what = format!("{arch} {}", specs[i].defines().join(" "));
+            match r {
+                Err(e) => failures.push(format!("{what}: {}", e.message)),
+                Ok(c) => {
+                    compiled += 1;
+                    let usage = compile_check::parse_ptxas_log(&c.log);
+                    let line: Vec<String> = usage
+                        .iter()
+                        .filter(|k| k.name.contains("stage"))
+                        .map(|k| format!("{} {} regs", k.name, k.registers))
+                        .collect();
+                    println!("compiled {what}: {}", line.join(", "));
+                    if usage.is_empty() {
+                        failures.push(format!("{what}: no ptxas report in the log"));
+                    }
+                    for k in usage
+                        .iter()
+                        .filter(|k| k.spill_bytes > 0 || k.stack_bytes > 0)
+                    {
+                        failures.push(format!(
+                            "{what}: {} spills {} bytes, {} bytes stack",
+                            k.name, k.spill_bytes, k.stack_bytes
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    println!("kernel compile check: {compiled} configurations compiled");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
