@@ -322,11 +322,19 @@ fn bend(inp: &mut Input, d: &mut Desc) {
 }
 
 /// Point an output descriptor at an input's memory (the library must refuse the overlap).
-fn maybe_alias(inp: &mut Input, out: &mut Desc, inputs: &[&Desc]) {
+/// Only onto a non-empty input whose buffer can hold what the output claims: the library
+/// must refuse the overlap (an output over an empty input overlaps nothing, and over a
+/// smaller buffer it would be the caller's lie).
+fn maybe_alias(inp: &mut Input, b: &Bufs, out: &mut Desc, inputs: &[&Desc]) {
     if !inputs.is_empty() && inp.chance(24) {
         let src = inputs[inp.below(inputs.len())];
-        out.t.data = src.t.data;
-        out.t.byte_offset = src.t.byte_offset;
+        let room = b.0[src.buf].len as u128;
+        let src_bytes = described(src).unwrap_or(0);
+        if src_bytes > 0 && described(out).is_some_and(|n| n <= room) {
+            // `out.buf` stays: a write into the input's buffer is then flagged.
+            out.t.data = src.t.data;
+            out.t.byte_offset = src.t.byte_offset;
+        }
     }
 }
 
@@ -501,10 +509,14 @@ fn caps(inp: &mut Input) {
     });
     let written = std::mem::size_of::<moeplug_caps>().min(size);
     if ok {
+        // This library's fields, then the caller's unknown tail zeroed, nothing past it.
+        let reported = u32::from_le_bytes(out[..4].try_into().unwrap()) as usize;
+        assert_eq!(reported, written, "get_caps: struct_size written back");
         assert!(
-            out[written.max(4)..] == before[written.max(4)..],
-            "get_caps wrote past struct_size"
+            out[written..size].iter().all(|&b| b == 0),
+            "get_caps left the unknown tail non-zero"
         );
+        assert!(out[size..] == before[size..], "get_caps wrote past struct_size");
     } else {
         assert!(out == before, "get_caps failed but wrote");
     }
@@ -536,7 +548,7 @@ fn shuffle_weight(inp: &mut Input) {
     let mut b = Bufs(Vec::new());
     let src = b.tensor(inp, &shape_of(k), dtype, Fill::Noise);
     let mut dst = b.tensor(inp, &shape_of(kp), dtype, Fill::Pattern);
-    maybe_alias(inp, &mut dst, &[&src]);
+    maybe_alias(inp, &b, &mut dst, &[&src]);
     let a = moeplug_shuffle_weight_args {
         struct_size: std::mem::size_of::<moeplug_shuffle_weight_args>() as u32,
         src: &src.t,
@@ -574,7 +586,7 @@ fn shuffle_scale(inp: &mut Input) {
     let mut b = Bufs(Vec::new());
     let src = b.tensor(inp, &[m, kn], dtype, Fill::Noise);
     let mut dst = b.tensor(inp, &dshape, dtype, Fill::Pattern);
-    maybe_alias(inp, &mut dst, &[&src]);
+    maybe_alias(inp, &b, &mut dst, &[&src]);
     let a = moeplug_shuffle_scale_args {
         struct_size: std::mem::size_of::<moeplug_shuffle_scale_args>() as u32,
         src: &src.t,
@@ -611,7 +623,7 @@ fn pad_weights(inp: &mut Input) {
     let mut b = Bufs(Vec::new());
     let src = b.tensor(inp, &s, dtype, Fill::Noise);
     let mut dst = b.tensor(inp, &d, dtype, Fill::Pattern);
-    maybe_alias(inp, &mut dst, &[&src]);
+    maybe_alias(inp, &b, &mut dst, &[&src]);
     let a = moeplug_pad_weights_args {
         struct_size: std::mem::size_of::<moeplug_pad_weights_args>() as u32,
         src: &src.t,
@@ -650,7 +662,7 @@ fn swizzle_scale(inp: &mut Input) {
     let src = b.tensor(inp, &[e, n, ks], E8M0, Fill::Noise);
     let dshape = [e, cdiv(n, 32), cdiv(ks, 8) * 8 * 32];
     let mut dst = b.tensor(inp, &dshape, E8M0, Fill::Pattern);
-    maybe_alias(inp, &mut dst, &[&src]);
+    maybe_alias(inp, &b, &mut dst, &[&src]);
     let a = moeplug_swizzle_scale_args {
         struct_size: std::mem::size_of::<moeplug_swizzle_scale_args>() as u32,
         src: &src.t,
@@ -686,8 +698,8 @@ fn quantize_mx(inp: &mut Input) {
     let src = b.tensor(inp, &[rows, k], sdtype, Fill::Noise);
     let mut q = b.tensor(inp, &qshape, qdtype, Fill::Pattern);
     let mut s = b.tensor(inp, &sshape, E8M0, Fill::Pattern);
-    maybe_alias(inp, &mut q, &[&src]);
-    maybe_alias(inp, &mut s, &[&src, &q]);
+    maybe_alias(inp, &b, &mut q, &[&src]);
+    maybe_alias(inp, &b, &mut s, &[&src, &q]);
     let a = moeplug_quantize_mx_args {
         struct_size: std::mem::size_of::<moeplug_quantize_mx_args>() as u32,
         src: &src.t,
@@ -866,7 +878,7 @@ fn moe(inp: &mut Input) {
     pa2.out_w2_bias = p(&o2b);
     pa2.out_layout = &mut layout;
     let mut o13m = o13;
-    maybe_alias(inp, &mut o13m, &[&w13, &w2]);
+    maybe_alias(inp, &b, &mut o13m, &[&w13, &w2]);
     pa2.out_w13 = &o13m.t;
     let ab = ArgBuf::new(inp, &pa2);
     let outs: Vec<usize> = [
@@ -980,7 +992,7 @@ fn fused(
         d
     });
     let mut out = b.tensor(inp, &[m, ocols], odt, Fill::Pattern);
-    maybe_alias(inp, &mut out, &[&x, w[0], &tw]);
+    maybe_alias(inp, b, &mut out, &[&x, w[0], &tw]);
     if inp.chance(20) {
         // A bent record: one field off.
         match inp.below(5) {
