@@ -57,7 +57,7 @@ fn torch_interpreter() -> Result<PathBuf, String> {
     let probe = "import numpy, torch, torch.distributed as d; assert d.is_gloo_available()";
     let candidates = match std::env::var("MOEPLUG_TORCH_PYTHON") {
         Ok(p) => vec![PathBuf::from(p)],
-        Err(_) => vec![interpreter(), PathBuf::from("/usr/bin/python3")],
+        Err(_) => vec![python_interpreter(), PathBuf::from("/usr/bin/python3")],
     };
     for python in &candidates {
         let ok = Command::new(python).args(["-c", probe]).output();
