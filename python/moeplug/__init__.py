@@ -111,6 +111,9 @@ class Caps:
     weight_layouts: frozenset
     scale_layouts: frozenset
     features: frozenset
+    # The largest M and k one launch may have (2**64 - 1: only memory bounds it).
+    max_tokens: int
+    max_topk: int
 
 
 def _names(table: dict, mask: int, bits: bool = True) -> frozenset:
@@ -148,6 +151,8 @@ def get_caps(device="cpu") -> Caps:
         weight_layouts=_names(WEIGHT_LAYOUTS, caps.weight_layouts),
         scale_layouts=_names(SCALE_LAYOUTS, caps.scale_layouts),
         features=_names(FEATURES, caps.features, bits=False),
+        max_tokens=caps.max_tokens,
+        max_topk=caps.max_topk,
     )
 
 

@@ -84,3 +84,8 @@ def test_fused_moe_argument_errors_name_fused_moe():
         moeplug.fused_moe(x, p, np.ones((1, 1), np.float32), np.zeros((1, 1), np.float32))
     assert e.value.name == "MOEPLUG_INVALID_ARGUMENT"
     assert e.value.message.startswith("moeplug_fused_moe: topk_ids: expected dtype int32"), e.value.message
+
+
+def test_caps_report_the_launch_limits():
+    caps = moeplug.get_caps("cpu")
+    assert (caps.max_tokens, caps.max_topk) == (2**64 - 1, 2**64 - 1)
