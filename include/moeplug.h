@@ -513,6 +513,13 @@ typedef struct moeplug_caps {
    * `moeplug_feature` bits.
    */
   uint32_t features;
+  /**
+   * Not in the 1.0 header (written only when `struct_size` covers them): the most rows of
+   * hidden_states (M) and slots per token (k) one launch may have; larger launches are
+   * UNSUPPORTED. UINT64_MAX: only memory bounds it.
+   */
+  uint64_t max_tokens;
+  uint64_t max_topk;
 } moeplug_caps;
 
 /**
@@ -936,8 +943,11 @@ moeplug_status moeplug_fused_moe_workspace_size(const struct moeplug_fused_moe_a
  *
  * Errors: INVALID_ARGUMENT (NULL or malformed argument), LAYOUT_MISMATCH (a tensor disagrees
  * with the record, or the record with what the backend reads), UNSUPPORTED (the backend
- * cannot run this configuration: `moeplug_check_fused_moe` says so up front),
- * BUFFER_TOO_SMALL (workspace), BACKEND_UNAVAILABLE / DEVICE_ERROR / COMPILE_ERROR (GPU).
+ * cannot run this configuration: `moeplug_check_fused_moe` says so up front; or M / k above
+ * the backend's `moeplug_caps.max_tokens` / `max_topk`), BUFFER_TOO_SMALL (workspace),
+ * OUT_OF_MEMORY (the CPU backend's bounded host scratch could not be allocated),
+ * BACKEND_UNAVAILABLE / DEVICE_ERROR / COMPILE_ERROR (GPU). Every tensor's `data +
+ * byte_offset + bytes` must lie below 2^57 (the user address space), else INVALID_ARGUMENT.
  * `output` is written only on success for host tensors.
  */
 moeplug_status moeplug_fused_moe(const struct moeplug_fused_moe_args *args);

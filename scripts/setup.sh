@@ -12,6 +12,9 @@ command -v c++ >/dev/null || need+=(g++)
 command -v readelf >/dev/null || need+=(binutils)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v cmake >/dev/null || need+=(cmake)
+# The C tests under valgrind and AddressSanitizer (gcc's libasan) in tests/sanitizers.rs.
+command -v valgrind >/dev/null || need+=(valgrind)
+echo 'int main(void){return 0;}' | cc -fsanitize=address -x c -o /dev/null - 2>/dev/null || need+=(libasan8)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

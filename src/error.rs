@@ -92,6 +92,9 @@ impl Error {
     pub fn device(message: impl Into<String>) -> Error {
         Error::new(Status::DeviceError, message)
     }
+    pub fn out_of_memory(message: impl Into<String>) -> Error {
+        Error::new(Status::OutOfMemory, message)
+    }
     pub fn internal(message: impl Into<String>) -> Error {
         Error::new(Status::Internal, message)
     }

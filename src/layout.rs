@@ -20,6 +20,11 @@ pub struct Layout {
     pub has_bias: bool,
 }
 
+/// Largest `num_experts` a record may hold.
+pub const MAX_NUM_EXPERTS: usize = 1 << 20;
+/// Largest hidden / intermediate size (logical or padded) a record may hold.
+pub const MAX_SIZE: usize = 1 << 31;
+
 /// `moeplug_layout.flags` bit.
 pub const FLAG_HAS_BIAS: u32 = crate::vocab::moeplug_layout_flag::HasBias as u32;
 
@@ -57,14 +62,14 @@ impl Layout {
         ];
         let mut v = [0usize; 4];
         for (i, (&s, name)) in sizes.iter().zip(names).enumerate() {
-            if s <= 0 || s > (1 << 31) {
+            if s <= 0 || s > MAX_SIZE as i64 {
                 return Err(Error::invalid(format!(
                     "layout.{name}: expected 1..=2^31, got {s}"
                 )));
             }
             v[i] = s as usize;
         }
-        if num_experts <= 0 || num_experts > 1 << 20 {
+        if num_experts <= 0 || num_experts > MAX_NUM_EXPERTS as i64 {
             return Err(Error::invalid(format!(
                 "layout.num_experts: expected 1..=2^20, got {num_experts}"
             )));

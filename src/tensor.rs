@@ -144,6 +144,26 @@ pub fn elem_type_from_dlpack(field: &str, code: u8, bits: u8, lanes: u16) -> Res
     Ok(t)
 }
 
+/// End of the addresses a tensor may occupy: the 57-bit user space of x86-64 (5-level
+/// paging) and AArch64 (52-bit), which also holds CUDA/HIP unified addresses. A range that
+/// reaches past it is no memory the caller can own.
+pub const ADDRESS_LIMIT: u64 = 1 << 57;
+
+/// The first byte of a tensor (`data + byte_offset`), checked so that the whole range of
+/// `nbytes` lies below [`ADDRESS_LIMIT`] without wrapping.
+pub fn checked_start(name: &str, data: u64, byte_offset: u64, nbytes: usize) -> Result<*mut u8> {
+    let end = data
+        .checked_add(byte_offset)
+        .and_then(|start| start.checked_add(nbytes as u64));
+    match end {
+        Some(end) if end <= ADDRESS_LIMIT => Ok((data + byte_offset) as usize as *mut u8),
+        _ => Err(Error::invalid(format!(
+            "{name}: data {data:#x} + byte_offset {byte_offset:#x} + {nbytes} bytes reaches past \
+             the user address space (2^57): no memory a caller can own"
+        ))),
+    }
+}
+
 /// A validated tensor: where its bytes are, on which device, of which type and storage shape
 /// (compact row-major). The memory is the caller's; see the `unsafe` accessors.
 #[derive(Debug, Clone)]
@@ -174,7 +194,8 @@ impl Tensor {
     pub fn dim(&self, i: usize) -> usize {
         self.shape[i]
     }
-    /// Address range in bytes, for overlap checks.
+    /// Address range in bytes, for overlap checks (below [`ADDRESS_LIMIT`], see
+    /// [`checked_start`]).
     pub fn byte_range(&self) -> std::ops::Range<usize> {
         let start = self.ptr as usize;
         start..start + self.nbytes()

@@ -220,7 +220,8 @@ fn golden_sorting_cases() {
                 num_tokens: nlt,
             },
             bs,
-        );
+        )
+        .unwrap();
         let valid = i32s(g("output.num_valid_ids"));
         assert_eq!(s.num_valid_ids.to_vec(), valid, "{name}");
         let n = valid[0] as usize;

@@ -10,7 +10,7 @@ import ctypes
 from dataclasses import dataclass
 
 from . import _abi
-from ._tensor import DEVICE_CPU, DEVICE_CUDA, DEVICE_ROCM, describe, ptr  # noqa: F401 (re-exported)
+from ._tensor import DEVICE_CPU, DEVICE_CUDA, DEVICE_ROCM, c_int, describe, ptr  # noqa: F401 (re-exported)
 
 __all__ = [
     "MoeplugError",
@@ -83,7 +83,7 @@ def _enum(table: dict, value, what: str) -> int:
             return table[value.lower()]
         except KeyError:
             raise ValueError(f"{what}: unknown name {value!r} (valid: {', '.join(table)})") from None
-    return int(value)
+    return c_int(value, what)
 
 
 def abi_version() -> tuple[int, int]:
@@ -111,6 +111,9 @@ class Caps:
     weight_layouts: frozenset
     scale_layouts: frozenset
     features: frozenset
+    # The largest M and k one launch may have (2**64 - 1: only memory bounds it).
+    max_tokens: int
+    max_topk: int
 
 
 def _names(table: dict, mask: int, bits: bool = True) -> frozenset:
@@ -123,13 +126,13 @@ def parse_device(device) -> tuple[int, int]:
     if device is None:
         return DEVICE_CPU, 0
     if isinstance(device, tuple):
-        return int(device[0]), int(device[1])
+        return c_int(device[0], "device type"), c_int(device[1], "device id")
     text = str(device)
     kind, _, index = text.partition(":")
     types = {"cpu": DEVICE_CPU, "cuda": DEVICE_CUDA, "rocm": DEVICE_ROCM, "hip": DEVICE_ROCM}
     if kind not in types:
         raise ValueError(f"device: expected 'cpu', 'cuda:N' or 'rocm:N', got {text!r}")
-    return types[kind], int(index or 0)
+    return types[kind], c_int(int(index or 0), "device id")
 
 
 def get_caps(device="cpu") -> Caps:
@@ -149,6 +152,8 @@ def get_caps(device="cpu") -> Caps:
         weight_layouts=_names(WEIGHT_LAYOUTS, caps.weight_layouts),
         scale_layouts=_names(SCALE_LAYOUTS, caps.scale_layouts),
         features=_names(FEATURES, caps.features, bits=False),
+        max_tokens=caps.max_tokens,
+        max_topk=caps.max_topk,
     )
 
 

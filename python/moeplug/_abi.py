@@ -143,6 +143,9 @@ class Caps(_Sized):
         ("weight_layouts", c_uint32),
         ("scale_layouts", c_uint32),
         ("features", c_uint32),
+        # after the 1.0 fields: the largest M and k one launch may have (docs/abi.md §6)
+        ("max_tokens", c_uint64),
+        ("max_topk", c_uint64),
     ]
 
 

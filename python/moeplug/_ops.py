@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _abi
-from ._tensor import DLPackArray, as_array, describe, is_torch, ptr
+from ._tensor import DLPackArray, as_array, c_int, describe, is_torch, ptr
 
 
 def _lib():
@@ -60,6 +60,14 @@ def _ceil_to(n, m):
     return (n + m - 1) // m * m
 
 
+def _dims(x, call, name, ndim, spelled):
+    """ValueError naming the call and argument unless `x` has `ndim` dimensions (a tuple:
+    any of them); before the shape is indexed, so the caller never sees an IndexError."""
+    nd = len(getattr(x, "shape", ()))
+    if nd not in (ndim if isinstance(ndim, tuple) else (ndim,)):
+        raise ValueError(f"{call}: {name}: expected {spelled}, got shape {tuple(getattr(x, 'shape', ()))}")
+
+
 def _stored(x):
     """The array as it will be passed (fp4 values packed to bytes)."""
     d = describe(x)
@@ -69,12 +77,13 @@ def _stored(x):
 def shuffle_weight(src, *, layout_n=16, layout_k=16, use_int4=False, is_guinterleave=False, gate_up=False, pad_k_to=0, out=None, stream=None):
     """AITER shuffle_weight (F1/F2). `src` [..., N, K] in storage elements (fp4: uint8 bytes)."""
     src = _stored(src)
+    _dims(src, "shuffle_weight", "src", (2, 3, 4, 5, 6, 7, 8), "[..., N, K] (at least 2 dimensions)")
     k = src.shape[-1]
     if out is None:
-        kp = _ceil_to(k, pad_k_to) if pad_k_to and pad_k_to > 0 else k
+        kp = _ceil_to(k, c_int(pad_k_to, "pad_k_to", 64)) if pad_k_to and pad_k_to > 0 else k
         out = _empty_like(src, tuple(src.shape[:-1]) + (kp,))
     s, d = describe(src, "src"), describe(out, "dst", writable=True)
-    args = _abi.ShuffleWeightArgs(src=ptr(s), dst=ptr(d), layout_n=layout_n, layout_k=layout_k, use_int4=int(use_int4), is_guinterleave=int(is_guinterleave), gate_up=int(gate_up), pad_k_to=pad_k_to)
+    args = _abi.ShuffleWeightArgs(src=ptr(s), dst=ptr(d), layout_n=c_int(layout_n, "layout_n"), layout_k=c_int(layout_k, "layout_k"), use_int4=int(use_int4), is_guinterleave=int(is_guinterleave), gate_up=int(gate_up), pad_k_to=c_int(pad_k_to, "pad_k_to", 64))
     _check(_lib().moeplug_shuffle_weight(ctypes.byref(args), _stream_of(src, stream)))
     return out
 
@@ -82,6 +91,7 @@ def shuffle_weight(src, *, layout_n=16, layout_k=16, use_int4=False, is_guinterl
 def shuffle_scale(src, *, num_experts=0, is_guinterleave=False, gate_up=False, out=None, stream=None):
     """AITER shuffle_scale / e8m0_shuffle (F3/F4); fp32 scales are copied through."""
     src = as_array(src)
+    _dims(src, "shuffle_scale", "src", 2, "[m, n] (2 dimensions)")
     if out is None:
         m, n = src.shape[-2], src.shape[-1]
         if str(src.dtype).endswith("float32"):
@@ -92,7 +102,7 @@ def shuffle_scale(src, *, num_experts=0, is_guinterleave=False, gate_up=False, o
             shape = (_ceil_to(m, 256), _ceil_to(n, 8))
         out = _empty_like(src, shape)
     s, d = describe(src, "src"), describe(out, "dst", writable=True)
-    args = _abi.ShuffleScaleArgs(src=ptr(s), dst=ptr(d), num_experts=num_experts, is_guinterleave=int(is_guinterleave), gate_up=int(gate_up))
+    args = _abi.ShuffleScaleArgs(src=ptr(s), dst=ptr(d), num_experts=c_int(num_experts, "num_experts"), is_guinterleave=int(is_guinterleave), gate_up=int(gate_up))
     _check(_lib().moeplug_shuffle_scale(ctypes.byref(args), _stream_of(src, stream)))
     return out
 
@@ -100,6 +110,7 @@ def shuffle_scale(src, *, num_experts=0, is_guinterleave=False, gate_up=False, o
 def pad_weights(src, *, rows, cols=None, gate_up=False, fill=0, out=None, stream=None):
     """Zero padding [E, N, K] -> [E, rows, cols] (or [E, N] biases -> [E, rows])."""
     src = _stored(src)
+    _dims(src, "pad_weights", "src", (2, 3), "[E, N, K] or [E, N] (3 or 2 dimensions)")
     if out is None:
         shape = (src.shape[0], rows) if src.ndim == 2 else (src.shape[0], rows, cols if cols is not None else src.shape[-1])
         out = _empty_like(src, shape)
@@ -114,6 +125,7 @@ def swizzle_scale(src, *, layout="cdna4", out=None, stream=None):
     from . import SCALE_LAYOUTS
 
     src = as_array(src)
+    _dims(src, "swizzle_scale", "src", 3, "[E, N, K/32] (3 dimensions)")
     if out is None:
         e, n, ks = src.shape
         out = _empty_like(src, (e, _ceil_to(n, 32) // 32, _ceil_to(ks, 8) * 32))
@@ -135,6 +147,7 @@ def quantize_mx(x, *, fmt="mxfp4", round_mode="up", shuffle_scale=False, stream=
     if fmt not in _MX_FORMATS:
         raise ValueError(f"fmt: expected one of {', '.join(_MX_FORMATS)}, got {fmt!r}")
     code, fp8 = _MX_FORMATS[fmt]
+    _dims(x, "quantize_mx", "x", (1, 2, 3, 4, 5, 6, 7, 8), "[..., K] (at least 1 dimension)")
     k = x.shape[-1]
     rows = int(np.prod(x.shape[:-1])) if x.ndim > 1 else 1
     if is_torch(x):
@@ -183,11 +196,11 @@ def _prepare_args(w13, w2, weight_format, w13_scale, w2_scale, w13_bias, w2_bias
     args = _abi.PrepareMoeArgs(
         weight_format=_enum(WEIGHT_FORMATS, weight_format, "weight_format"),
         gate_mode_in=_enum(GATE_MODES, gate_mode_in, "gate_mode_in"),
-        device_type=dev_type,
-        device_id=dev_id,
+        device_type=c_int(dev_type, "device_type"),
+        device_id=c_int(dev_id, "device_id"),
         act_dtype=_enum(ACT_DTYPES, config.get("act_dtype"), "act_dtype"),
-        hidden_align=int(config.get("hidden_align", 0)),
-        intermediate_align=int(config.get("intermediate_align", 0)),
+        hidden_align=c_int(config.get("hidden_align", 0), "hidden_align"),
+        intermediate_align=c_int(config.get("intermediate_align", 0), "intermediate_align"),
     )
     for k, d in described.items():
         setattr(args, k, ptr(d))
@@ -254,13 +267,17 @@ def _fused_args(hidden_states, prepared, topk_weights, topk_ids, activation, alp
 def fused_moe(hidden_states, prepared, topk_weights, topk_ids, *, activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, expert_mask=None, num_local_tokens=None, hidden_scale=None, out=None, workspace=None, stream=None):
     """out[t] = Σ_s w[t,s] · act(x_t W13[e]ᵀ + b13) W2[e]ᵀ + b2 (docs/abi.md §9); returns `out`."""
     hidden_states = as_array(hidden_states)
+    if not isinstance(prepared, Prepared):
+        raise TypeError(f"fused_moe: prepared: expected the Prepared that prepare_moe returned, got {type(prepared).__name__}")
+    if hidden_states is None:
+        raise TypeError("fused_moe: hidden_states: must not be None")
     if out is None:
         out = _empty_like(hidden_states, hidden_states.shape)
     keep = []
     args = _fused_args(hidden_states, prepared, as_array(topk_weights), as_array(topk_ids), activation, alpha, limit, act_dtype, router_weight_on_input, as_array(expert_mask), as_array(num_local_tokens), out, as_array(hidden_scale), keep)
     args.stream = _stream_of(hidden_states, stream)
     if workspace is None:
-        need = _workspace_bytes(args)
+        need = _workspace_bytes(args, as_launch=True)
         if need:
             workspace = _empty_like(hidden_states, (need,), _byte_dtype(hidden_states))
     if workspace is not None:
@@ -271,9 +288,14 @@ def fused_moe(hidden_states, prepared, topk_weights, topk_ids, *, activation="si
     return out
 
 
-def _workspace_bytes(args) -> int:
+def _workspace_bytes(args, as_launch=False) -> int:
     need = ctypes.c_size_t(0)
-    _check(_lib().moeplug_fused_moe_workspace_size(ctypes.byref(args), ctypes.byref(need)))
+    status = _lib().moeplug_fused_moe_workspace_size(ctypes.byref(args), ctypes.byref(need))
+    if status != 0 and as_launch:
+        # fused_moe queried on the caller's behalf; the launch checks what the query checks,
+        # so let the launch report it: the error names the call the caller made.
+        _check(_lib().moeplug_fused_moe(ctypes.byref(args)))
+    _check(status)
     return need.value
 
 
@@ -319,4 +341,4 @@ def check_fused_moe(prepared_or_layout, *, device="cpu", activation="silu", alph
     if num_local_tokens:
         args.num_local_tokens = ctypes.pointer(dummy)
     dev_type, dev_id = parse_device(device)
-    _check(_lib().moeplug_check_fused_moe(dev_type, dev_id, ctypes.byref(args)))
+    _check(_lib().moeplug_check_fused_moe(c_int(dev_type, "device_type"), c_int(dev_id, "device_id"), ctypes.byref(args)))

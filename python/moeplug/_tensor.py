@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import operator
 
 import numpy as np
 
@@ -47,6 +48,19 @@ _TORCH_CODES = {
     "torch.float8_e8m0fnu": (14, 8),
     "torch.float4_e2m1fn_x2": (1, 8),  # one byte, two values: passed as bytes
 }
+
+
+def c_int(value, name: str, bits: int = 32) -> int:
+    """`value` for a C int32/int64 field, checked before ctypes sees it (ctypes would silently
+    truncate 2**32 + 1 to 1 and 1.9 to 1): TypeError for a non-integer, ValueError out of range."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {value!r}") from None
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if not lo <= v <= hi:
+        raise ValueError(f"{name}: {v} is outside the int{bits} range [{lo}, {hi}]")
+    return v
 
 
 def is_torch(x) -> bool:

@@ -24,6 +24,47 @@ pub struct Caps {
     pub weight_layouts: u32,
     pub scale_layouts: u32,
     pub features: u32,
+    pub limits: Limits,
+}
+
+/// The largest launch a backend indexes: rows of hidden_states (M) and slots per token (k).
+/// The launch check refuses more with UNSUPPORTED naming the limit; caps report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_tokens: u64,
+    pub max_topk: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits::of(BackendKind::Cpu)
+    }
+}
+
+impl Limits {
+    pub fn of(kind: BackendKind) -> Limits {
+        use crate::moe::sort::{PACKED_MAX_TOKENS, PACKED_MAX_TOPK};
+        match kind {
+            // Slots are `usize` indices: only memory bounds a CPU launch.
+            BackendKind::Cpu => Limits {
+                max_tokens: u64::MAX,
+                max_topk: u64::MAX,
+            },
+            // The GPU kernels route with AITER's packed int32 `(slot << 24) | token`.
+            BackendKind::Cuda | BackendKind::Hip => Limits {
+                max_tokens: PACKED_MAX_TOKENS as u64,
+                max_topk: PACKED_MAX_TOPK as u64,
+            },
+        }
+    }
+    /// The limits of the backend that runs tensors in `device` memory.
+    pub fn for_device(device: DeviceKind) -> Limits {
+        Limits::of(match device {
+            DeviceKind::Cpu | DeviceKind::CudaHost | DeviceKind::RocmHost => BackendKind::Cpu,
+            DeviceKind::Cuda | DeviceKind::CudaManaged => BackendKind::Cuda,
+            DeviceKind::Rocm => BackendKind::Hip,
+        })
+    }
 }
 
 impl Caps {
@@ -48,6 +89,7 @@ impl Caps {
                 | feature::EXPERT_MASK
                 | feature::NUM_LOCAL_TOKENS
                 | feature::ROUTER_WEIGHT_ON_INPUT,
+            limits: Limits::of(backend),
         }
     }
 }

@@ -5,7 +5,7 @@ use std::mem::size_of;
 
 use super::types::*;
 use crate::error::{Error, Result};
-use crate::tensor::{elem_type_from_dlpack, DeviceKind, ElemType, Tensor};
+use crate::tensor::{checked_start, elem_type_from_dlpack, DeviceKind, ElemType, Tensor};
 
 /// Largest tensor rank accepted.
 const MAX_NDIM: i32 = 8;
@@ -282,7 +282,7 @@ pub unsafe fn optional_tensor(
             "{name}.data: must not be NULL for a non-empty tensor"
         )));
     }
-    let ptr = (t.data as *mut u8).wrapping_add(t.byte_offset as usize);
+    let ptr = checked_start(name, t.data as u64, t.byte_offset, nbytes)?;
     Ok(Some(Tensor {
         name,
         ptr,

@@ -101,6 +101,8 @@ fn caps_record(caps: &Caps, device_type: i32, device_id: i32) -> moeplug_caps {
         weight_layouts: caps.weight_layouts,
         scale_layouts: caps.scale_layouts,
         features: caps.features,
+        max_tokens: caps.limits.max_tokens,
+        max_topk: caps.limits.max_topk,
     };
     copy_c_string(&mut c.arch, &caps.arch);
     copy_c_string(&mut c.runtime_version, &caps.runtime_version);
@@ -166,8 +168,11 @@ pub unsafe extern "C" fn moeplug_fused_moe_workspace_size(
 ///
 /// Errors: INVALID_ARGUMENT (NULL or malformed argument), LAYOUT_MISMATCH (a tensor disagrees
 /// with the record, or the record with what the backend reads), UNSUPPORTED (the backend
-/// cannot run this configuration: `moeplug_check_fused_moe` says so up front),
-/// BUFFER_TOO_SMALL (workspace), BACKEND_UNAVAILABLE / DEVICE_ERROR / COMPILE_ERROR (GPU).
+/// cannot run this configuration: `moeplug_check_fused_moe` says so up front; or M / k above
+/// the backend's `moeplug_caps.max_tokens` / `max_topk`), BUFFER_TOO_SMALL (workspace),
+/// OUT_OF_MEMORY (the CPU backend's bounded host scratch could not be allocated),
+/// BACKEND_UNAVAILABLE / DEVICE_ERROR / COMPILE_ERROR (GPU). Every tensor's `data +
+/// byte_offset + bytes` must lie below 2^57 (the user address space), else INVALID_ARGUMENT.
 /// `output` is written only on success for host tensors.
 #[no_mangle]
 pub unsafe extern "C" fn moeplug_fused_moe(args: *const moeplug_fused_moe_args) -> moeplug_status {

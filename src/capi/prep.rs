@@ -271,7 +271,8 @@ fn fill_bytes(elem: ElemType, fill: f64) -> Result<Vec<u8>> {
             vec![b]
         }
         ElemType::E8m0 => {
-            let b = (1..=254u8).find(|&b| quant::e8m0_to_f32(b) as f64 == fill);
+            // Code 0x00 is 2^-127 (a subnormal f32), 0xFF is NaN.
+            let b = (0..=254u8).find(|&b| quant::e8m0_to_f32(b) as f64 == fill);
             vec![b.ok_or_else(not_exact)?]
         }
         ElemType::Fp4x2 => {

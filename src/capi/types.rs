@@ -144,6 +144,11 @@ pub struct moeplug_caps {
     pub scale_layouts: u32,
     /// `moeplug_feature` bits.
     pub features: u32,
+    /// Not in the 1.0 header (written only when `struct_size` covers them): the most rows of
+    /// hidden_states (M) and slots per token (k) one launch may have; larger launches are
+    /// UNSUPPORTED. UINT64_MAX: only memory bounds it.
+    pub max_tokens: u64,
+    pub max_topk: u64,
 }
 
 /// AITER `shuffle_weight`: `src`, `dst` `[..., N, K]` (K in storage elements: bytes for fp4x2).

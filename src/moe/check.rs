@@ -15,6 +15,7 @@
 //! [`expected_scale_shapes`]; topk_ids int32 / topk_weights fp32 `[M, k]`; expert_mask int32
 //! `[E_global]` (E_global ≥ E, a trailing sentinel slot is just a 0); num_local_tokens int32 `[1]`.
 
+use crate::backend::Limits;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::moe::MoeLaunch;
@@ -263,6 +264,16 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
         )));
     }
     let topk = ids.dim(1);
+    let limits = Limits::for_device(h.device);
+    if m as u64 > limits.max_tokens || topk as u64 > limits.max_topk {
+        return Err(Error::unsupported(format!(
+            "topk_ids: shape [{m}, {topk}] exceeds what the {} backend indexes (at most {} \
+             tokens and {} slots per token: caps max_tokens / max_topk); split the batch",
+            h.device.name(),
+            limits.max_tokens,
+            limits.max_topk
+        )));
+    }
     launch.topk_weights.expect_elem(&[ElemType::F32])?;
     launch.topk_weights.expect_shape(&[m, topk])?;
     if let Some(mask) = &launch.expert_mask {
@@ -279,6 +290,12 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
     if let Some(n) = &launch.num_local_tokens {
         n.expect_elem(&[ElemType::I32])?;
         n.expect_shape(&[1])?;
+        if m > i32::MAX as usize {
+            return Err(Error::invalid(format!(
+                "num_local_tokens: an int32 count cannot cover M = {m} rows of hidden_states \
+                 (at most 2^31 - 1 with num_local_tokens)"
+            )));
+        }
     }
 
     // Weights.

@@ -1,6 +1,21 @@
 //! AITER's `moe_sorting` contract (docs/layouts.md §6): group the (token, slot) pairs by expert in
-//! blocks of `block_size`. The CPU kernel walks these blocks; the GPU backends produce the same
-//! arrays on the device.
+//! blocks of `block_size`. The GPU kernels produce these arrays on the device (the golden
+//! tests hold this function to AITER's bytes); the CPU kernel groups slots without packing.
+
+use crate::error::{Error, Result};
+
+/// Bits of the token index in a packed entry `(slot << 24) | token`.
+pub const PACKED_TOKEN_BITS: u32 = 24;
+/// Most rows a packed routing can index: tokens and the sentinel token `M` fit 24 bits.
+pub const PACKED_MAX_TOKENS: usize = (1 << PACKED_TOKEN_BITS) - 1;
+/// Most slots per token a packed routing can index: slots (and the sentinel slot `topk`,
+/// read as unsigned) fit the 8 bits above the token.
+pub const PACKED_MAX_TOPK: usize = 1 << (31 - PACKED_TOKEN_BITS);
+
+/// `(slot << 24) | token` as AITER's int32 (bit 31 set only by the sentinel of topk = 128).
+fn pack(slot: usize, token: usize) -> i32 {
+    ((slot as u32) << PACKED_TOKEN_BITS | token as u32) as i32
+}
 
 /// The sorted routing. Entries are `(slot << 24) | token`; padding is the sentinel
 /// `(topk << 24) | M`.
@@ -30,7 +45,15 @@ pub struct Routing<'a> {
 }
 
 /// Sort as AITER does. Ids outside `[0, num_experts)` and masked-off experts are dropped.
-pub fn moe_sorting(r: &Routing, block_size: usize) -> Sorted {
+/// UNSUPPORTED beyond what the packing indexes ([`PACKED_MAX_TOKENS`], [`PACKED_MAX_TOPK`]).
+pub fn moe_sorting(r: &Routing, block_size: usize) -> Result<Sorted> {
+    if r.m > PACKED_MAX_TOKENS || r.topk > PACKED_MAX_TOPK {
+        return Err(Error::unsupported(format!(
+            "topk_ids: AITER's packed routing indexes at most {PACKED_MAX_TOKENS} tokens and \
+             {PACKED_MAX_TOPK} slots per token, got shape [{}, {}]",
+            r.m, r.topk
+        )));
+    }
     let bs = block_size.max(1);
     let e_count = r.num_experts;
     let tokens = r.num_tokens.min(r.m);
@@ -54,7 +77,7 @@ pub fn moe_sorting(r: &Routing, block_size: usize) -> Sorted {
         }
     }
     let max_padded = (r.m * r.topk + e_count * bs).saturating_sub(r.topk);
-    let sentinel = ((r.topk as i32) << 24) | r.m as i32;
+    let sentinel = pack(r.topk, r.m);
     let mut ids = Vec::with_capacity(max_padded);
     let mut weights = Vec::with_capacity(max_padded);
     let mut experts = Vec::new();
@@ -63,7 +86,7 @@ pub fn moe_sorting(r: &Routing, block_size: usize) -> Sorted {
             continue;
         }
         for &(t, s) in pairs {
-            ids.push(((s as i32) << 24) | t as i32);
+            ids.push(pack(s, t));
             weights.push(r.topk_weights[t * r.topk + s]);
         }
         let padded = pairs.len().div_ceil(bs) * bs;
@@ -77,12 +100,12 @@ pub fn moe_sorting(r: &Routing, block_size: usize) -> Sorted {
     ids.resize(max_padded.max(valid), sentinel);
     weights.resize(max_padded.max(valid), 0.0);
     experts.resize(max_padded.div_ceil(bs).max(experts.len()), -1);
-    Sorted {
+    Ok(Sorted {
         sorted_token_ids: ids,
         sorted_weights: weights,
         sorted_expert_ids: experts,
         num_valid_ids: [valid as i32, tokens as i32],
-    }
+    })
 }
 
 #[cfg(test)]
@@ -103,7 +126,7 @@ mod tests {
             expert_mask: None,
             num_tokens: 5,
         };
-        let s = moe_sorting(&r, 4);
+        let s = moe_sorting(&r, 4).unwrap();
         assert_eq!(s.num_valid_ids, [24, 5]);
         assert_eq!(&s.sorted_expert_ids[..6], &[0, 1, 2, 3, 3, 5]);
         let p = |s: i32, t: i32| (s << 24) | t;
@@ -111,5 +134,29 @@ mod tests {
         assert_eq!(&s.sorted_token_ids[..4], &[p(0, 0), sen, sen, sen]);
         assert_eq!(&s.sorted_token_ids[8..12], &[p(0, 1), p(1, 3), sen, sen]);
         assert_eq!(s.sorted_token_ids.len(), 5 * 3 + 6 * 4 - 3);
+    }
+
+    #[test]
+    fn the_packing_refuses_what_it_cannot_index() {
+        let ids = vec![0; PACKED_MAX_TOPK + 1];
+        let w = vec![1.0; PACKED_MAX_TOPK + 1];
+        let r = |topk: usize| Routing {
+            topk_ids: &ids[..topk],
+            topk_weights: &w[..topk],
+            m: 1,
+            topk,
+            num_experts: 1,
+            expert_mask: None,
+            num_tokens: 1,
+        };
+        let s = moe_sorting(&r(PACKED_MAX_TOPK), 1).unwrap();
+        assert_eq!(s.sorted_token_ids[127], 127 << 24);
+        let e = moe_sorting(&r(PACKED_MAX_TOPK + 1), 1).unwrap_err();
+        assert_eq!(e.status, crate::error::Status::Unsupported);
+        assert!(
+            e.message.contains("at most 16777215 tokens and 128 slots"),
+            "{}",
+            e.message
+        );
     }
 }

@@ -14,7 +14,7 @@
 use super::scale::{f3_shape, F3_PAD};
 use super::steps::{run_host, RowMap, Step, Writer};
 use crate::error::{Error, Result};
-use crate::layout::Layout;
+use crate::layout::{Layout, MAX_NUM_EXPERTS, MAX_SIZE};
 use crate::tensor::format_shape;
 use crate::types::{GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
@@ -194,6 +194,15 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
             format_shape(w2)
         );
     }
+    // What a layout record can hold; beyond it no size below can overflow.
+    if e > MAX_NUM_EXPERTS || h > MAX_SIZE || i > MAX_SIZE {
+        crate::bail!(
+            invalid,
+            "w2: expected E <= 2^20 and H, I <= 2^31 (what a layout record holds), got shape {} \
+             (E = {e}, H = {h}, I = {i})",
+            format_shape(w2)
+        );
+    }
     let w13_want = [e, 2 * i, h / vpe];
     if w13[..] != w13_want || h % vpe != 0 {
         return Err(shape_err("w13", &[&w13_want], w13));
@@ -344,6 +353,13 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
         Some(s) => return Err(shape_err("w2_bias", &[&[e, h]], s)),
     };
 
+    if h_pad > MAX_SIZE || i_pad > MAX_SIZE {
+        crate::bail!(
+            invalid,
+            "hidden_align/intermediate_align: H = {h} padded to {h_pad}, I = {i} padded to \
+             {i_pad}: a layout record holds at most 2^31"
+        );
+    }
     let layout = Layout {
         weight_format: format,
         gate_mode: GateMode::Separated,
@@ -356,7 +372,7 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
         intermediate_padded: i_pad,
         has_bias: w13_bias.is_some() || w2_bias.is_some(),
     };
-    Ok(PreparedShapes {
+    let shapes = PreparedShapes {
         layout,
         w13: vec![e, 2 * i_pad, h_pad / vpe],
         w2: vec![e, h_pad, i_pad / vpe],
@@ -367,7 +383,32 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
         weight_elem_size: weight_elem_size(format),
         scale_kind: kind,
         spec: spec.clone(),
-    })
+    };
+    // Every output must be addressable: its byte count fits the address space.
+    let scale_size = kind.elem_size();
+    let outputs = [
+        ("out_w13", Some(&shapes.w13), shapes.weight_elem_size),
+        ("out_w2", Some(&shapes.w2), shapes.weight_elem_size),
+        ("out_w13_scale", shapes.w13_scale.as_ref(), scale_size),
+        ("out_w2_scale", shapes.w2_scale.as_ref(), scale_size),
+        ("out_w13_bias", shapes.w13_bias.as_ref(), 4),
+        ("out_w2_bias", shapes.w2_bias.as_ref(), 4),
+    ];
+    for (name, shape, size) in outputs {
+        let Some(shape) = shape else { continue };
+        let bytes = shape
+            .iter()
+            .try_fold(size, |acc, &d| acc.checked_mul(d))
+            .filter(|&b| b <= isize::MAX as usize);
+        if bytes.is_none() {
+            crate::bail!(
+                invalid,
+                "{name}: the prepared shape {} of {size}-byte elements overflows the address space",
+                format_shape(shape)
+            );
+        }
+    }
+    Ok(shapes)
 }
 
 /// Host buffers of a preparation's inputs (raw bytes, fp32 little-endian).

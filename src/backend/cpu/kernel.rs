@@ -1,7 +1,8 @@
 //! The CPU fused MoE: AITER's two-stage math (docs/layouts.md §7) over the recorded weight layouts,
 //! f32 accumulation, all cores.
 //!
-//! Plan of a launch: route (moe_sorting) → quantize the stage-1 input per act_dtype → stage 1
+//! Plan of a launch, per chunk of tokens (scratch bounded by `SCRATCH_BUDGET`, not by M):
+//! group the chunk's slots by expert (plain indices: no packed limit on M or k) → quantize the stage-1 input per act_dtype → stage 1
 //! (per expert × 16-row block of w13: per 256-column chunk, dequantize the 16-row tile once
 //! into per-thread scratch and dot every token routed to the expert against it) →
 //! activation, cast to the output dtype, quantize per act_dtype → stage 2 (the same over
@@ -17,7 +18,6 @@ use crate::error::{Error, Result};
 use crate::moe::act::GatedAct;
 use crate::moe::actquant::{self, Fp8Kind, MxElem};
 use crate::moe::check::LaunchShape;
-use crate::moe::sort::{moe_sorting, Routing};
 use crate::moe::MoeLaunch;
 use crate::tensor::{ElemType, Tensor};
 use crate::types::{ActDtype, GateMode, WeightFormat};
@@ -49,31 +49,26 @@ impl Shared {
     }
 }
 
-/// Run `work(scratch, item)` for items 0..n on all cores; each thread allocates its scratch
-/// once.
-fn parallel_items<S>(
-    n: usize,
-    scratch: impl Fn() -> S + Sync,
-    work: impl Fn(&mut S, usize) + Sync,
-) {
-    let workers = threads().min(n);
+/// Run `work(scratch, item)` for items 0..n on all cores, one preallocated scratch per
+/// worker (`scratches.len()` workers at most).
+fn parallel_items<S: Send>(n: usize, scratches: &mut [S], work: impl Fn(&mut S, usize) + Sync) {
+    let workers = scratches.len().min(n);
     if workers <= 1 {
-        let mut s = scratch();
-        (0..n).for_each(|i| work(&mut s, i));
+        if let Some(s) = scratches.first_mut() {
+            (0..n).for_each(|i| work(s, i));
+        }
         return;
     }
     let next = AtomicUsize::new(0);
     std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| {
-                let mut s = scratch();
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= n {
-                        break;
-                    }
-                    work(&mut s, i);
+        for s in scratches[..workers].iter_mut() {
+            let (next, work) = (&next, &work);
+            scope.spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
                 }
+                work(s, i);
             });
         }
     });
@@ -123,12 +118,25 @@ struct Scratch {
 }
 
 impl Scratch {
-    fn new(max_tokens: usize) -> Scratch {
-        Scratch {
-            tile: vec![0f32; BLOCK_ROWS * TILE_COLS],
-            acc: vec![0f32; max_tokens * BLOCK_ROWS],
-        }
+    fn new(max_tokens: usize) -> Result<Scratch> {
+        Ok(Scratch {
+            tile: zeroed(BLOCK_ROWS * TILE_COLS)?,
+            acc: zeroed(max_tokens * BLOCK_ROWS)?,
+        })
     }
+}
+
+/// A zeroed host buffer; a failed allocation is OUT_OF_MEMORY, never an abort.
+fn zeroed<T: Copy + Default>(n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    if v.try_reserve_exact(n).is_err() {
+        return Err(Error::out_of_memory(format!(
+            "cannot allocate {} bytes of CPU scratch",
+            n.saturating_mul(std::mem::size_of::<T>())
+        )));
+    }
+    v.resize(n, T::default());
+    Ok(v)
 }
 
 /// One stage's GEMM: a stacked weight against activation rows stored in the weight's column
@@ -341,22 +349,28 @@ fn tail_dot(w: &[f32], x: &[f32]) -> f32 {
 }
 
 /// The rows of a stage input in the column order of `w` (see `WeightMatrix::fp4_order`):
-/// returns the buffer to read and its row stride.
-fn in_weight_order(buf: Vec<f32>, width: usize, w: &WeightMatrix) -> (Vec<f32>, usize) {
+/// `src` itself, or its rows reordered into `dst`; returns the buffer to read and its stride.
+fn in_weight_order<'a>(
+    src: &'a [f32],
+    width: usize,
+    w: &WeightMatrix,
+    dst: &'a mut [f32],
+) -> (&'a [f32], usize) {
     if !w.fp4_order() || width == 0 {
-        return (buf, width);
+        return (src, width);
     }
     let ld = w.k_extent(width);
-    let mut out = vec![0f32; buf.len() / width * ld];
-    parallel_rows(&mut out, ld, |r, row| {
-        to_pack_order(&buf[r * width..(r + 1) * width], row)
+    let dst = &mut dst[..src.len() / width * ld];
+    parallel_rows(dst, ld, |r, row| {
+        to_pack_order(&src[r * width..(r + 1) * width], row)
     });
-    (out, ld)
+    (dst, ld)
 }
 
 /// Quantize the rows of a stage input as `act` says (writes the dequantized values back).
 /// All-zero rows (slots nobody routed to) stay zero and never raise a per-tensor amax.
-fn quantize_rows(buf: &mut [f32], width: usize, act: ActDtype, fp8: Fp8Kind) {
+/// `tensor_amax`: the amax of the whole stage input (FP8_PER_TENSOR; the launch is tiled).
+fn quantize_rows(buf: &mut [f32], width: usize, act: ActDtype, fp8: Fp8Kind, tensor_amax: f32) {
     match act {
         ActDtype::Bf16 => parallel_rows(buf, width, |_, r| {
             r.iter_mut().for_each(|x| *x = actquant::round_bf16(*x))
@@ -366,7 +380,7 @@ fn quantize_rows(buf: &mut [f32], width: usize, act: ActDtype, fp8: Fp8Kind) {
         }),
         ActDtype::Fp8PerToken => parallel_rows(buf, width, |_, r| actquant::fp8_quant_row(r, fp8)),
         ActDtype::Fp8PerTensor => {
-            let scale = actquant::fp8_scale_for(actquant::amax_of(buf), fp8);
+            let scale = actquant::fp8_scale_for(tensor_amax, fp8);
             parallel_rows(buf, width, |_, r| {
                 actquant::fp8_quant_with_scale(r, scale, fp8)
             })
@@ -438,18 +452,295 @@ fn write_f16ish(x: f32, elem: ElemType) -> u16 {
     }
 }
 
-/// The launch; `shape` comes from `check_launch`.
+/// Scratch bytes one launch may hold. The launch runs in chunks of tokens sized to fit, so
+/// memory does not grow with M (each chunk re-reads the weights: at this size a chunk holds
+/// hundreds of tokens per expert for typical shapes).
+const SCRATCH_BUDGET: usize = 128 << 20;
+
+/// What every chunk of a launch reads.
+struct Launch<'a> {
+    c: &'a crate::moe::MoeConfig,
+    shape: &'a LaunchShape,
+    m: usize,
+    topk: usize,
+    h: usize,
+    hp: usize,
+    i: usize,
+    ip: usize,
+    e_local: usize,
+    hidden: &'a [u16],
+    in_elem: ElemType,
+    out_elem: ElemType,
+    ids: &'a [i32],
+    weights: &'a [f32],
+    /// Local id of each global expert id, -1 when masked off.
+    local: Vec<i32>,
+    num_tokens: usize,
+    b13: Option<&'a [f32]>,
+    b2: Option<&'a [f32]>,
+    fp8: Fp8Kind,
+    w13: WeightMatrix<'a>,
+    w2: WeightMatrix<'a>,
+}
+
+/// The buffers of one chunk of `tokens` tokens, allocated once per launch.
+struct Chunk {
+    tokens: usize,
+    /// Offsets into `slots` of each local expert's slots, `[e_local + 1]`.
+    start: Vec<usize>,
+    /// Chunk-local slots `(t − t0)·topk + s` grouped by expert, in (token, slot) order.
+    slots: Vec<usize>,
+    /// The chunk-local token of each entry of `slots`.
+    slot_tokens: Vec<usize>,
+    routed: Vec<bool>,
+    active: Vec<usize>,
+    x: Vec<f32>,
+    x_order: Vec<f32>,
+    gu: Vec<f32>,
+    a2: Vec<f32>,
+    a2_order: Vec<f32>,
+    y: Vec<f32>,
+    sums: Vec<f32>,
+    scratch: Vec<Scratch>,
+}
+
+impl Launch<'_> {
+    /// f32 values a chunk holds per token (every buffer of [`Chunk`] that scales with it).
+    fn floats_per_token(&self, workers: usize) -> usize {
+        let (h, i, k) = (self.h, self.i, self.topk);
+        let (ldh, ldi) = (self.w13.k_extent(h), self.w2.k_extent(i));
+        // x, x_order, sums; per slot gu, a2, a2_order, y, the slot lists and the workers'
+        // accumulator rows.
+        h + ldh + self.shape.output_cols + k * (3 * i + ldi + h + 5 + BLOCK_ROWS * workers)
+    }
+
+    fn chunk(&self, workers: usize, budget: usize) -> Result<Chunk> {
+        let per = self.floats_per_token(workers).max(1) * 4;
+        let tokens = (budget / per).clamp(1, self.m.max(1));
+        let pairs = tokens * self.topk;
+        let mut scratch = Vec::new();
+        if scratch.try_reserve_exact(workers).is_err() {
+            return Err(Error::out_of_memory("cannot allocate CPU worker scratch"));
+        }
+        for _ in 0..workers {
+            scratch.push(Scratch::new(pairs)?);
+        }
+        Ok(Chunk {
+            tokens,
+            start: zeroed(self.e_local + 1)?,
+            slots: zeroed(pairs)?,
+            slot_tokens: zeroed(pairs)?,
+            routed: zeroed(pairs)?,
+            active: zeroed(self.e_local)?,
+            x: zeroed(tokens * self.h)?,
+            x_order: zeroed(tokens * self.w13.k_extent(self.h))?,
+            gu: zeroed(pairs * 2 * self.i)?,
+            a2: zeroed(pairs * self.i)?,
+            a2_order: zeroed(pairs * self.w2.k_extent(self.i))?,
+            y: zeroed(pairs * self.h)?,
+            sums: zeroed(tokens * self.shape.output_cols)?,
+            scratch,
+        })
+    }
+
+    /// The local expert of (token t, slot s), if it is routed and t is counted.
+    fn expert_of(&self, t: usize, s: usize) -> Option<usize> {
+        if t >= self.num_tokens {
+            return None;
+        }
+        let id = self.ids[t * self.topk + s];
+        if id < 0 || id as usize >= self.local.len() {
+            return None;
+        }
+        let l = self.local[id as usize];
+        (l >= 0).then_some(l as usize)
+    }
+
+    /// Group the slots of tokens `t0..t0 + n` by local expert (a counting sort: the
+    /// (token, slot) order within an expert is kept).
+    fn route(&self, t0: usize, n: usize, ch: &mut Chunk) {
+        let topk = self.topk;
+        ch.start.fill(0);
+        ch.routed[..n * topk].fill(false);
+        for q in 0..n * topk {
+            if let Some(e) = self.expert_of(t0 + q / topk, q % topk) {
+                ch.start[e + 1] += 1;
+            }
+        }
+        for e in 0..self.e_local {
+            ch.start[e + 1] += ch.start[e];
+        }
+        let mut fill = ch.start[..self.e_local].to_vec();
+        for q in 0..n * topk {
+            if let Some(e) = self.expert_of(t0 + q / topk, q % topk) {
+                ch.slots[fill[e]] = q;
+                ch.slot_tokens[fill[e]] = q / topk;
+                fill[e] += 1;
+                ch.routed[q] = true;
+            }
+        }
+        ch.active.clear();
+        ch.active
+            .extend((0..self.e_local).filter(|&e| ch.start[e + 1] > ch.start[e]));
+    }
+
+    /// The stage-1 input rows of tokens `t0..t0 + n` (counted tokens only) into `ch.x`;
+    /// returns how many rows that is.
+    fn read_x(&self, t0: usize, n: usize, ch: &mut Chunk) -> usize {
+        let rows = self.num_tokens.min(t0 + n).saturating_sub(t0);
+        let (h, cols) = (self.h, self.shape.hidden_cols);
+        parallel_rows(&mut ch.x[..rows * h], h, |r, row| {
+            let t = t0 + r;
+            let src = &self.hidden[t * cols..t * cols + h];
+            for (d, &b) in row.iter_mut().zip(src) {
+                *d = read_f16ish(b, self.in_elem);
+            }
+        });
+        rows
+    }
+
+    /// Routing, stage 1 and the activation of tokens `t0..t0 + n`: `ch.a2` holds the stage-2
+    /// input of every slot (zero where unrouted), before stage-2 quantization.
+    fn stage1(&self, t0: usize, n: usize, x_amax: f32, ch: &mut Chunk) {
+        let (topk, i, ip) = (self.topk, self.i, self.ip);
+        let c = self.c;
+        self.route(t0, n, ch);
+        let rows = self.read_x(t0, n, ch);
+        quantize_rows(
+            &mut ch.x[..rows * self.h],
+            self.h,
+            c.act_dtype,
+            self.fp8,
+            x_amax,
+        );
+        let (x, ld) = in_weight_order(&ch.x[..rows * self.h], self.h, &self.w13, &mut ch.x_order);
+        {
+            let out = Shared::new(&mut ch.gu[..n * topk * 2 * i]);
+            let gemm = Gemm {
+                w: &self.w13,
+                used: self.h,
+                act: x,
+                ld,
+            };
+            let blocks = (2 * ip).div_ceil(BLOCK_ROWS);
+            let (active, start) = (&ch.active, &ch.start);
+            let (slots, slot_tokens) = (&ch.slots, &ch.slot_tokens);
+            let gate_mode = c.layout.gate_mode;
+            parallel_items(active.len() * blocks, &mut ch.scratch, |scratch, item| {
+                let e = active[item / blocks];
+                let p0 = (item % blocks) * BLOCK_ROWS;
+                let rows = BLOCK_ROWS.min(2 * ip - p0);
+                if (p0..p0 + rows).all(|p| gate_up_of(gate_mode, p, ip).1 >= i) {
+                    return; // only padded rows
+                }
+                let (lo, hi) = (start[e], start[e + 1]);
+                gemm.block(e, p0, rows, &slot_tokens[lo..hi], scratch);
+                for r in 0..rows {
+                    let p = p0 + r;
+                    let (half, j) = gate_up_of(gate_mode, p, ip);
+                    if j >= i {
+                        continue; // padded row
+                    }
+                    for (t, &slot) in slots[lo..hi].iter().enumerate() {
+                        let mut acc = scratch.acc[t * BLOCK_ROWS + r];
+                        if c.router_weight_on_input {
+                            acc *= self.weights[t0 * topk + slot];
+                        }
+                        if let Some(b) = self.b13 {
+                            acc += b[e * 2 * ip + p];
+                        }
+                        out.set((slot * 2 + half) * i + j, acc);
+                    }
+                }
+            });
+        }
+        // Activation, cast to the output dtype (as the reference does).
+        let act = GatedAct {
+            activation: c.activation,
+            alpha: c.alpha,
+            limit: c.limit,
+        };
+        let (gu, routed, out_elem) = (&ch.gu, &ch.routed, self.out_elem);
+        parallel_rows(&mut ch.a2[..n * topk * i], i, |slot, row| {
+            if !routed[slot] {
+                row.fill(0.0);
+                return;
+            }
+            let (g, u) = gu[slot * 2 * i..(slot + 1) * 2 * i].split_at(i);
+            for ((d, &g), &u) in row.iter_mut().zip(g).zip(u) {
+                *d = read_f16ish(write_f16ish(act.apply(g, u), out_elem), out_elem);
+            }
+        });
+    }
+
+    /// Stage-2 quantization, stage 2 and the weighted sum of tokens `t0..t0 + n` into
+    /// `ch.sums` (`[n, output_cols]`; padded columns and unrouted rows zero).
+    fn stage2(&self, n: usize, a2_amax: f32, ch: &mut Chunk, t0: usize) {
+        let (topk, h, i, hp) = (self.topk, self.h, self.i, self.hp);
+        let c = self.c;
+        let pairs = n * topk;
+        quantize_rows(&mut ch.a2[..pairs * i], i, c.act_dtype, self.fp8, a2_amax);
+        let (a2, ld) = in_weight_order(&ch.a2[..pairs * i], i, &self.w2, &mut ch.a2_order);
+        {
+            let out = Shared::new(&mut ch.y[..pairs * h]);
+            let gemm = Gemm {
+                w: &self.w2,
+                used: i,
+                act: a2,
+                ld,
+            };
+            let blocks = h.div_ceil(BLOCK_ROWS);
+            let (active, start, slots) = (&ch.active, &ch.start, &ch.slots);
+            parallel_items(active.len() * blocks, &mut ch.scratch, |scratch, item| {
+                let e = active[item / blocks];
+                let n0 = (item % blocks) * BLOCK_ROWS;
+                let rows = BLOCK_ROWS.min(h - n0);
+                let (lo, hi) = (start[e], start[e + 1]);
+                gemm.block(e, n0, rows, &slots[lo..hi], scratch);
+                for r in 0..rows {
+                    let nn = n0 + r;
+                    let bias = self.b2.map(|b| b[e * hp + nn]).unwrap_or(0.0);
+                    for (t, &slot) in slots[lo..hi].iter().enumerate() {
+                        out.set(slot * h + nn, scratch.acc[t * BLOCK_ROWS + r] + bias);
+                    }
+                }
+            });
+        }
+        let cols = self.shape.output_cols;
+        let (y, routed) = (&ch.y, &ch.routed);
+        let sums = &mut ch.sums[..n * cols];
+        sums.fill(0.0);
+        parallel_rows(sums, cols, |t, row| {
+            for s in 0..topk {
+                let slot = t * topk + s;
+                if !routed[slot] {
+                    continue;
+                }
+                let w = if c.router_weight_on_input {
+                    1.0
+                } else {
+                    self.weights[t0 * topk + slot]
+                };
+                for (d, &v) in row[..h].iter_mut().zip(&y[slot * h..(slot + 1) * h]) {
+                    *d += w * v;
+                }
+            }
+        });
+    }
+}
+
+/// The launch; `shape` comes from `check_launch`. All scratch is allocated before the output
+/// is touched, so a failed allocation (OUT_OF_MEMORY) leaves the output as it was.
 pub fn fused_moe(launch: &MoeLaunch, shape: &LaunchShape) -> Result<()> {
+    fused_moe_within(launch, shape, SCRATCH_BUDGET)
+}
+
+/// [`fused_moe`] with chunks sized to `budget` bytes of scratch.
+fn fused_moe_within(launch: &MoeLaunch, shape: &LaunchShape, budget: usize) -> Result<()> {
     let c = &launch.config;
     let l = &c.layout;
     let (m, topk) = (shape.m, shape.topk);
-    let (e_local, h, hp, i, ip) = (
-        l.num_experts,
-        l.hidden_size,
-        l.hidden_padded,
-        l.intermediate_size,
-        l.intermediate_padded,
-    );
+    let e_local = l.num_experts;
     // SAFETY (all host reads below): check_launch validated shapes and dtypes; the caller
     // promised the memory for the duration of the call; the backend serves host memory only.
     let hidden: &[u16] = unsafe { launch.hidden_states.host_slice()? };
@@ -477,196 +768,94 @@ pub fn fused_moe(launch: &MoeLaunch, shape: &LaunchShape) -> Result<()> {
     // Clamped to [0, M] rather than rejected: a GPU backend reads this value on the device
     // and cannot report it, and every backend must agree.
     let num_tokens = match &launch.num_local_tokens {
-        Some(t) => (unsafe { t.host_slice::<i32>()? }[0]).clamp(0, m as i32) as usize,
+        Some(t) => (unsafe { t.host_slice::<i32>()? }[0]).max(0) as usize,
         None => m,
-    };
-    let b13 = unsafe { f32s(&launch.w13_bias)? };
-    let b2 = unsafe { f32s(&launch.w2_bias)? };
+    }
+    .min(m);
+    // Local id of each global expert: cumsum(mask) − 1, or the id itself without a mask.
+    let mut local: Vec<i32> = zeroed(mask.map_or(e_local, |mk| mk.len()))?;
+    let mut next = 0;
+    for (e, l) in local.iter_mut().enumerate() {
+        *l = if mask.map_or(true, |mk| mk[e] != 0) {
+            next += 1;
+            next - 1
+        } else {
+            -1
+        };
+    }
     let fp8 = if shape.weight_elem == ElemType::Fp8E4m3fnuz {
         Fp8Kind::E4m3fnuz
     } else {
         Fp8Kind::E4m3fn
     };
-    let w13 = WeightMatrix::new(
-        l,
-        unsafe { launch.w13.host_bytes() },
-        2 * ip,
-        hp,
-        shape.weight_elem,
-        scale_of(l.weight_format, &launch.w13_scale, l)?,
-    );
-    let w2 = WeightMatrix::new(
-        l,
-        unsafe { launch.w2.host_bytes() },
-        hp,
-        ip,
-        shape.weight_elem,
-        scale_of(l.weight_format, &launch.w2_scale, l)?,
-    );
-
-    // Routing: the slots (t·topk + s) of each local expert.
-    let sorted = moe_sorting(
-        &Routing {
-            topk_ids: ids,
-            topk_weights: weights,
-            m,
-            topk,
-            num_experts: mask.map(|mk| mk.len()).unwrap_or(e_local),
-            expert_mask: mask,
-            num_tokens,
-        },
-        1,
-    );
-    let mut slots_of: Vec<Vec<usize>> = vec![Vec::new(); e_local];
-    let mut routed = vec![false; m * topk];
-    for (j, &id) in sorted.sorted_token_ids[..sorted.num_valid_ids[0] as usize]
-        .iter()
-        .enumerate()
-    {
-        let (t, s) = ((id & 0xFF_FFFF) as usize, (id >> 24) as usize);
-        let e = sorted.sorted_expert_ids[j];
-        if t < m && s < topk && e >= 0 && (e as usize) < e_local {
-            slots_of[e as usize].push(t * topk + s);
-            routed[t * topk + s] = true;
-        }
-    }
-    let active: Vec<usize> = (0..e_local).filter(|&e| !slots_of[e].is_empty()).collect();
-
-    // Stage-1 input.
-    let mut x = vec![0f32; num_tokens * h];
-    let in_elem = launch.hidden_states.elem;
-    parallel_rows(&mut x, h, |t, row| {
-        let src = &hidden[t * shape.hidden_cols..t * shape.hidden_cols + h];
-        for (d, &b) in row.iter_mut().zip(src) {
-            *d = read_f16ish(b, in_elem);
-        }
-    });
-    quantize_rows(&mut x, h, c.act_dtype, fp8);
-
-    // Stage 1: gate/up pre-activations per slot, [slot][gate|up][I].
-    let tokens_of: Vec<Vec<usize>> = slots_of
-        .iter()
-        .map(|slots| slots.iter().map(|&slot| slot / topk).collect())
-        .collect();
-    let max_tokens = slots_of.iter().map(Vec::len).max().unwrap_or(0);
-    let (x, ld) = in_weight_order(x, h, &w13);
-    let mut gu = vec![0f32; m * topk * 2 * i];
-    {
-        let out = Shared::new(&mut gu);
-        let gemm = Gemm {
-            w: &w13,
-            used: h,
-            act: &x,
-            ld,
-        };
-        let blocks = (2 * ip).div_ceil(BLOCK_ROWS);
-        parallel_items(
-            active.len() * blocks,
-            || Scratch::new(max_tokens),
-            |scratch, item| {
-                let e = active[item / blocks];
-                let p0 = (item % blocks) * BLOCK_ROWS;
-                let rows = BLOCK_ROWS.min(2 * ip - p0);
-                if (p0..p0 + rows).all(|p| gate_up_of(l.gate_mode, p, ip).1 >= i) {
-                    return; // only padded rows
-                }
-                gemm.block(e, p0, rows, &tokens_of[e], scratch);
-                for r in 0..rows {
-                    let p = p0 + r;
-                    let (half, j) = gate_up_of(l.gate_mode, p, ip);
-                    if j >= i {
-                        continue; // padded row
-                    }
-                    for (t, &slot) in slots_of[e].iter().enumerate() {
-                        let mut acc = scratch.acc[t * BLOCK_ROWS + r];
-                        if c.router_weight_on_input {
-                            acc *= weights[slot];
-                        }
-                        if let Some(b) = b13 {
-                            acc += b[e * 2 * ip + p];
-                        }
-                        out.set((slot * 2 + half) * i + j, acc);
-                    }
-                }
-            },
-        );
-    }
-
-    // Activation, cast to the output dtype (as the reference does), stage-2 quantization.
-    let act = GatedAct {
-        activation: c.activation,
-        alpha: c.alpha,
-        limit: c.limit,
+    let run = Launch {
+        c,
+        shape,
+        m,
+        topk,
+        h: l.hidden_size,
+        hp: l.hidden_padded,
+        i: l.intermediate_size,
+        ip: l.intermediate_padded,
+        e_local,
+        hidden,
+        in_elem: launch.hidden_states.elem,
+        out_elem: launch.output.elem,
+        ids,
+        weights,
+        local,
+        num_tokens,
+        b13: unsafe { f32s(&launch.w13_bias)? },
+        b2: unsafe { f32s(&launch.w2_bias)? },
+        fp8,
+        w13: WeightMatrix::new(
+            l,
+            unsafe { launch.w13.host_bytes() },
+            2 * l.intermediate_padded,
+            l.hidden_padded,
+            shape.weight_elem,
+            scale_of(l.weight_format, &launch.w13_scale, l)?,
+        ),
+        w2: WeightMatrix::new(
+            l,
+            unsafe { launch.w2.host_bytes() },
+            l.hidden_padded,
+            l.intermediate_padded,
+            shape.weight_elem,
+            scale_of(l.weight_format, &launch.w2_scale, l)?,
+        ),
     };
-    let out_elem = launch.output.elem;
-    let mut a2 = vec![0f32; m * topk * i];
-    parallel_rows(&mut a2, i, |slot, row| {
-        if !routed[slot] {
-            return;
-        }
-        let (g, u) = gu[slot * 2 * i..(slot + 1) * 2 * i].split_at(i);
-        for ((d, &g), &u) in row.iter_mut().zip(g).zip(u) {
-            *d = read_f16ish(write_f16ish(act.apply(g, u), out_elem), out_elem);
-        }
-    });
-    drop(gu);
-    quantize_rows(&mut a2, i, c.act_dtype, fp8);
-
-    // Stage 2: per-slot down projections, [slot][H].
-    let (a2, ld) = in_weight_order(a2, i, &w2);
-    let mut y = vec![0f32; m * topk * h];
-    {
-        let out = Shared::new(&mut y);
-        let gemm = Gemm {
-            w: &w2,
-            used: i,
-            act: &a2,
-            ld,
-        };
-        let blocks = h.div_ceil(BLOCK_ROWS);
-        parallel_items(
-            active.len() * blocks,
-            || Scratch::new(max_tokens),
-            |scratch, item| {
-                let e = active[item / blocks];
-                let n0 = (item % blocks) * BLOCK_ROWS;
-                let rows = BLOCK_ROWS.min(h - n0);
-                gemm.block(e, n0, rows, &slots_of[e], scratch);
-                for r in 0..rows {
-                    let n = n0 + r;
-                    let bias = b2.map(|b| b[e * hp + n]).unwrap_or(0.0);
-                    for (t, &slot) in slots_of[e].iter().enumerate() {
-                        out.set(slot * h + n, scratch.acc[t * BLOCK_ROWS + r] + bias);
-                    }
-                }
-            },
-        );
-    }
-
-    // Weighted sum per token; padded columns and unrouted rows are zero.
     // SAFETY: the output is host memory of [m, output_cols] 16-bit values, checked not to
     // overlap any input.
     let output: &mut [u16] = unsafe { launch.output.host_slice_mut()? };
-    let cols = shape.output_cols;
-    let mut sums = vec![0f32; m * cols];
-    parallel_rows(&mut sums, cols, |t, row| {
-        for s in 0..topk {
-            let slot = t * topk + s;
-            if !routed[slot] {
-                continue;
-            }
-            let w = if c.router_weight_on_input {
-                1.0
-            } else {
-                weights[slot]
-            };
-            for (d, &v) in row[..h].iter_mut().zip(&y[slot * h..(slot + 1) * h]) {
-                *d += w * v;
-            }
+    let mut ch = run.chunk(threads(), budget)?;
+    let chunks = || {
+        (0..m)
+            .step_by(ch.tokens.max(1))
+            .map(|t0| (t0, ch.tokens.min(m - t0)))
+    };
+    let chunk_list: Vec<(usize, usize)> = chunks().collect();
+
+    // FP8_PER_TENSOR scales both stage inputs by the amax over the whole launch: a first
+    // pass finds them (stage 2's needs stage 1 of every chunk).
+    let (mut x_amax, mut a2_amax) = (0f32, 0f32);
+    if c.act_dtype == ActDtype::Fp8PerTensor {
+        for &(t0, n) in &chunk_list {
+            let rows = run.read_x(t0, n, &mut ch);
+            x_amax = x_amax.max(actquant::amax_of(&ch.x[..rows * run.h]));
         }
-    });
-    for (o, &v) in output.iter_mut().zip(&sums) {
-        *o = write_f16ish(v, out_elem);
+        for &(t0, n) in &chunk_list {
+            run.stage1(t0, n, x_amax, &mut ch);
+            a2_amax = a2_amax.max(actquant::amax_of(&ch.a2[..n * topk * run.i]));
+        }
+    }
+    let cols = shape.output_cols;
+    for &(t0, n) in &chunk_list {
+        run.stage1(t0, n, x_amax, &mut ch);
+        run.stage2(n, a2_amax, &mut ch, t0);
+        for (o, &v) in output[t0 * cols..(t0 + n) * cols].iter_mut().zip(&ch.sums) {
+            *o = write_f16ish(v, run.out_elem);
+        }
     }
     Ok(())
 }
@@ -674,6 +863,115 @@ pub fn fused_moe(launch: &MoeLaunch, shape: &LaunchShape) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Chunks of one token give the bits of one chunk for the whole launch: per-token and
+    /// per-tensor fp8 activations (whose amax spans every chunk), num_local_tokens inside a
+    /// chunk, out-of-range ids.
+    #[test]
+    fn tiling_over_tokens_changes_no_bit() {
+        use crate::layout::Layout;
+        use crate::moe::{check::check_launch, MoeConfig};
+        use crate::tensor::DeviceKind;
+        use crate::types::Activation;
+        let (m, k, e, h, i) = (37usize, 3usize, 2usize, 32usize, 32usize);
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        let mut w13: Vec<u8> = (0..e * 2 * i * h)
+            .map(|_| (next() % 0x38) as u8 | (next() as u8 & 0x80))
+            .collect();
+        let mut w2: Vec<u8> = (0..e * h * i)
+            .map(|_| (next() % 0x38) as u8 | (next() as u8 & 0x80))
+            .collect();
+        let mut scale: Vec<f32> = vec![0.05, 0.08];
+        let mut x: Vec<u16> = (0..m * h)
+            .map(|_| half::bf16::from_f32((next() % 200) as f32 / 50.0 - 2.0).to_bits())
+            .collect();
+        let mut ids: Vec<i32> = (0..m * k).map(|_| (next() % 3) as i32).collect();
+        let mut wts: Vec<f32> = (0..m * k).map(|_| (next() % 100) as f32 / 100.0).collect();
+        let mut nlt = vec![30i32];
+        let t = |name, ptr: *mut u8, elem, shape: &[usize]| Tensor {
+            name,
+            ptr,
+            device: DeviceKind::Cpu,
+            device_id: 0,
+            elem,
+            shape: shape.to_vec(),
+        };
+        for (act, with_nlt) in [
+            (ActDtype::Fp8PerTensor, false),
+            (ActDtype::Fp8PerToken, true),
+        ] {
+            let layout = Layout::new(
+                3,
+                1,
+                1,
+                0,
+                e as i64,
+                [h as i64, i as i64, h as i64, i as i64],
+                0,
+            )
+            .unwrap();
+            let mut run = |budget: usize| {
+                let mut out = vec![0u16; m * h];
+                let launch = MoeLaunch {
+                    config: MoeConfig {
+                        layout,
+                        activation: Activation::Silu,
+                        alpha: 1.702,
+                        limit: None,
+                        act_dtype: act,
+                        router_weight_on_input: false,
+                        has_expert_mask: false,
+                        has_num_local_tokens: with_nlt,
+                    },
+                    hidden_states: t(
+                        "hidden_states",
+                        x.as_mut_ptr() as _,
+                        ElemType::Bf16,
+                        &[m, h],
+                    ),
+                    hidden_scale: None,
+                    w13: t("w13", w13.as_mut_ptr(), ElemType::Fp8E4m3fn, &[e, 2 * i, h]),
+                    w13_scale: Some(t("w13_scale", scale.as_mut_ptr() as _, ElemType::F32, &[e])),
+                    w13_bias: None,
+                    w2: t("w2", w2.as_mut_ptr(), ElemType::Fp8E4m3fn, &[e, h, i]),
+                    w2_scale: Some(t("w2_scale", scale.as_mut_ptr() as _, ElemType::F32, &[e])),
+                    w2_bias: None,
+                    topk_weights: t(
+                        "topk_weights",
+                        wts.as_mut_ptr() as _,
+                        ElemType::F32,
+                        &[m, k],
+                    ),
+                    topk_ids: t("topk_ids", ids.as_mut_ptr() as _, ElemType::I32, &[m, k]),
+                    expert_mask: None,
+                    num_local_tokens: with_nlt.then(|| {
+                        t(
+                            "num_local_tokens",
+                            nlt.as_mut_ptr() as _,
+                            ElemType::I32,
+                            &[1],
+                        )
+                    }),
+                    output: t("output", out.as_mut_ptr() as _, ElemType::Bf16, &[m, h]),
+                    workspace: None,
+                    stream: 0,
+                };
+                let shape = check_launch(&launch).unwrap();
+                fused_moe_within(&launch, &shape, budget).unwrap();
+                out
+            };
+            let whole = run(SCRATCH_BUDGET);
+            assert!(whole.iter().any(|&v| v != 0), "{act:?}: all zero");
+            assert_eq!(run(1), whole, "{act:?}: one token per chunk");
+            assert_eq!(run(7 * 4 * 1000), whole, "{act:?}: a few tokens per chunk");
+        }
+    }
 
     /// The AVX2 dot gives the same bits as the portable one (the fallback path of CPUs
     /// without AVX2), including a tail that is not a multiple of 16.
