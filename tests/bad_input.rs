@@ -154,6 +154,7 @@ impl Tiny {
                 hidden_padded: 1,
                 intermediate_padded: 1,
                 flags: 0,
+                reserved0: 0,
             },
             shapes: vec![
                 vec![mi, 1],

@@ -156,7 +156,7 @@ output!(
     moeplug_caps {
         struct_size, abi_version, device_type, device_id, backend, arch, runtime_version,
         weight_formats, act_dtypes, gate_modes, activations, weight_layouts, scale_layouts,
-        features,
+        features, max_tokens, max_topk,
     }
     moeplug_layout {
         struct_size, weight_format, gate_mode, weight_layout, scale_layout, num_experts,
