@@ -27,7 +27,7 @@ def test_info_json_reports_the_loaded_library_and_every_device():
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["version"] == moeplug.version()
-    assert r["abi_version"] == "1.0"
+    assert r["abi_version"] == "1.1"
     assert r["library"] == moeplug.library_path()
     assert set(r["devices"]) == {"cpu", "cuda:0", "rocm:0"}
     cpu = r["devices"]["cpu"]

@@ -76,9 +76,12 @@ pub fn task<T>(operation: &'static str, total: u64, body: impl FnOnce() -> Resul
     let started = Instant::now();
     report(operation, 0, total);
     let result = body();
+    let reached = TASK.with(|t| t.borrow().as_ref().map_or(0, |t| t.done));
     drop(clear);
     if result.is_ok() {
-        report(operation, total, total);
+        if reached != total {
+            report(operation, total, total);
+        }
         log::emit(Level::Debug, || {
             format!(
                 "{operation}: {total} bytes in {:.1} ms",
