@@ -168,7 +168,6 @@ from ._ops import (  # noqa: E402  (the ops need the tables above)
     shuffle_weight,
     swizzle_scale,
 )
-
 from ._runtime import num_threads, set_num_threads, set_progress_callback  # noqa: E402
 
 __all__ += [

@@ -42,7 +42,7 @@ def test_info_json_reports_the_loaded_library_and_every_device():
 def test_info_text_and_bad_arguments():
     out = _info()
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(f"moeplug  {moeplug.version()}\nABI      1.0\n")
+    assert out.stdout.startswith(f"moeplug  {moeplug.version()}\nABI      1.1\n")
     assert "\ncpu\n  backend          cpu\n" in out.stdout
     bad = _info("--all")
     assert bad.returncode == 2
