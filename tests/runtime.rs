@@ -218,3 +218,25 @@ fn progress_callback_validates_user() {
         &format!("moeplug_set_progress_callback: user: expected NULL when callback is NULL (clearing), got {user:p}"),
     );
 }
+
+#[test]
+fn a_long_host_call_logs_its_time_without_a_progress_callback() {
+    let _s = serial();
+    LOG.lock().unwrap().clear();
+    ok(moeplug_set_log_callback(
+        Some(record_log),
+        std::ptr::null_mut(),
+    ));
+    quantize(64);
+    ok(moeplug_set_log_callback(None, std::ptr::null_mut()));
+    let got = std::mem::take(&mut *LOG.lock().unwrap());
+    let total = 64 * 1024 / 2 + 64 * 1024 / 32;
+    assert_eq!(got.len(), 1, "{got:?}");
+    let (level, text, _) = &got[0];
+    assert_eq!(*level, 4);
+    let rest = text
+        .strip_prefix(&format!("moeplug_quantize_mx: {total} bytes in "))
+        .and_then(|r| r.strip_suffix(" ms"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(rest.parse::<f64>().is_ok(), "{text}");
+}

@@ -21,7 +21,7 @@ def default_threads():
 
 def test_num_threads_round_trip_and_refusals(default_threads):
     moeplug.set_num_threads(0)
-    assert moeplug.num_threads() == len(os.sched_getaffinity(0))
+    assert 1 <= moeplug.num_threads() <= len(os.sched_getaffinity(0))
     moeplug.set_num_threads(3)
     assert moeplug.num_threads() == 3
     with pytest.raises(moeplug.MoeplugError) as e:

@@ -56,7 +56,9 @@ fn has_task() -> bool {
 /// Run `body` as the task `operation` writing `total` bytes, reporting as it advances. A
 /// task inside a task is part of the outer one.
 pub fn task<T>(operation: &'static str, total: u64, body: impl FnOnce() -> Result<T>) -> Result<T> {
-    if !ENABLED.load(Ordering::Acquire) || in_callback() || has_task() {
+    // Tracked while someone listens: the progress sink, or the log (for the timing line).
+    let listened = ENABLED.load(Ordering::Acquire) || log::enabled();
+    if !listened || in_callback() || has_task() {
         return body();
     }
     struct Clear;
