@@ -13,6 +13,10 @@ use std::path::PathBuf;
 const CAPI_ROOT: &str = "src/capi/mod.rs";
 /// The ABI's enums and flags, shared by the core and the C surface.
 const VOCAB: &str = "src/vocab.rs";
+/// The ABI version (src/capi/mod.rs has the same; `moeplug_abi_version()` is checked against
+/// the header's MOEPLUG_ABI_VERSION by tests/abi.rs): one symbol version node per minor.
+const ABI_MAJOR: u32 = 1;
+const ABI_MINOR: u32 = 1;
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -35,7 +39,7 @@ fn main() {
         "\n#define MOEPLUG_VERSION_MAJOR {major}\n#define MOEPLUG_VERSION_MINOR {minor}\n\
          #define MOEPLUG_VERSION_PATCH {patch}\n#define MOEPLUG_VERSION \"{version}\"\n\
          /** ABI version this header describes: (major << 16) | minor. */\n\
-         #define MOEPLUG_ABI_VERSION 0x10000u\n"
+         #define MOEPLUG_ABI_VERSION 0x{ABI_MAJOR:x}{ABI_MINOR:04x}u\n"
     ));
     let bindings = cbindgen::Builder::new()
         .with_config(config)
@@ -58,11 +62,19 @@ fn main() {
         fs::copy(&generated, &committed).unwrap();
     }
 
-    // ELF symbol versions: every export carries a `.symver name, name@@MOEPLUG_1.0` directive
-    // (see `capi::panic::symver!`); this script only declares the node for the linker. Every
-    // artefact that links the crate's objects needs the node, not only the cdylib.
+    // ELF symbol versions: every export carries a `.symver name, name@@MOEPLUG_1.x` directive
+    // (see `capi::panic::symver!`); this script only declares the nodes for the linker, each
+    // minor inheriting the one before. Every artefact that links the crate's objects needs
+    // the nodes, not only the cdylib.
     let map = out_dir.join("moeplug.map");
-    fs::write(&map, "MOEPLUG_1.0 { };\n").unwrap();
+    let mut nodes = String::from("MOEPLUG_1.0 { };\n");
+    for minor in 1..=ABI_MINOR {
+        nodes.push_str(&format!(
+            "MOEPLUG_1.{minor} {{ }} MOEPLUG_1.{};\n",
+            minor - 1
+        ));
+    }
+    fs::write(&map, nodes).unwrap();
     let target_os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     if target_os == "linux" {
         // The soname follows the ABI major version, not the crate version.
@@ -82,14 +94,14 @@ fn main() {
     } else {
         ""
     };
-    println!("cargo:rustc-env=MOEPLUG_VERSION_STRING={version} ({profile}, {arch}{hip}, abi 1.0)");
+    println!("cargo:rustc-env=MOEPLUG_VERSION_STRING={version} ({profile}, {arch}{hip}, abi {ABI_MAJOR}.{ABI_MINOR})");
 }
 
 /// The header plus `typedef RET (*NAME_fn)(ARGS);` for every function it declares, inside
 /// its `extern "C"` block, so dlopen/dlvsym users never spell a signature themselves.
 fn with_function_pointer_typedefs(header: String) -> String {
     let mut out = String::from(
-        "/* Function-pointer types of every export, for dlvsym(handle, name, \"MOEPLUG_1.0\"). */\n",
+        "/* Function-pointer types of every export, for dlvsym(handle, name, \"MOEPLUG_1.0\") (the\n * calls marked ABI 1.1: \"MOEPLUG_1.1\"). */\n",
     );
     let mut decl = String::new();
     // A declaration starts at column 0 with `RET moeplug_NAME(` (doc comments, fields and

@@ -1,5 +1,5 @@
 /*
- * moeplug — Mixture-of-Experts weight preparation and fused MoE, C ABI version 1.0.
+ * moeplug — Mixture-of-Experts weight preparation and fused MoE, C ABI version 1.1.
  *
  * Conventions (every function):
  *  - Returns a moeplug_status; 0 (MOEPLUG_OK) is success. On failure moeplug_last_error()
@@ -14,7 +14,8 @@
  *    MOEPLUG_UNSUPPORTED). Output structs are written up to struct_size bytes and no further;
  *    the library sets struct_size to the bytes it filled. A zero field means the documented
  *    default. The full contract: docs/abi.md.
- *  - Every symbol carries the ELF version MOEPLUG_1.0; the soname is libmoeplug.so.1.
+ *  - 1.0 symbols carry the ELF version MOEPLUG_1.0, the 1.1 additions MOEPLUG_1.1; the
+ *    soname is libmoeplug.so.1.
  */
 
 #ifndef MOEPLUG_H
@@ -30,7 +31,7 @@
 #define MOEPLUG_VERSION_PATCH 0
 #define MOEPLUG_VERSION "0.1.0"
 /** ABI version this header describes: (major << 16) | minor. */
-#define MOEPLUG_ABI_VERSION 0x10000u
+#define MOEPLUG_ABI_VERSION 0x10001u
 
 
 /**
@@ -154,6 +155,28 @@ enum moeplug_device_type
 typedef enum moeplug_device_type moeplug_device_type;
 #else
 typedef int32_t moeplug_device_type;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Severity of a message passed to the log callback (`moeplug_set_log_callback`), most
+ * severe first. ABI 1.1.
+ */
+enum moeplug_log_level
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  MOEPLUG_LOG_LEVEL_ERROR = 1,
+  MOEPLUG_LOG_LEVEL_WARN = 2,
+  MOEPLUG_LOG_LEVEL_INFO = 3,
+  MOEPLUG_LOG_LEVEL_DEBUG = 4,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_log_level moeplug_log_level;
+#else
+typedef int32_t moeplug_log_level;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -870,6 +893,23 @@ typedef struct moeplug_prepare_moe_sizes_out {
   struct moeplug_layout layout;
 } moeplug_prepare_moe_sizes_out;
 
+/**
+ * Receives each log message: `level` a `moeplug_log_level`, `message` valid for the call
+ * only, `user` as registered. Runs on the thread that logs; must not unwind or longjmp.
+ */
+typedef void (*moeplug_log_callback)(int32_t level, const char *message, void *user);
+
+/**
+ * Receives progress of a long host call: `operation` the export's name (valid for the call
+ * only), `done` of `total` bytes written (non-decreasing; the first report of a call has
+ * done 0, the last of a successful call done == total). Runs on the calling thread of the
+ * reported call, never concurrently for one call; must not unwind or longjmp.
+ */
+typedef void (*moeplug_progress_callback)(const char *operation,
+                                          uint64_t done,
+                                          uint64_t total,
+                                          void *user);
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -887,7 +927,7 @@ const char *moeplug_last_error(void);
 const char *moeplug_status_name(int32_t status);
 
 /**
- * `(major << 16) | minor` of the ABI this library implements (1.0 → 0x10000).
+ * `(major << 16) | minor` of the ABI this library implements (1.1 → 0x10001).
  */
 uint32_t moeplug_abi_version(void);
 
@@ -1035,7 +1075,37 @@ moeplug_status moeplug_prepare_moe_sizes(const struct moeplug_prepare_moe_args *
  */
 moeplug_status moeplug_prepare_moe(const struct moeplug_prepare_moe_args *args, void *stream);
 
-/* Function-pointer types of every export, for dlvsym(handle, name, "MOEPLUG_1.0"). */
+/**
+ * Use `num_threads` host worker threads from now on for every host call in the process
+ * (prep, quantization, the CPU fused_moe); 0 (the default) = every core the process may
+ * use. Calls already running keep their count. INVALID_ARGUMENT above 4096. ABI 1.1.
+ */
+moeplug_status moeplug_set_num_threads(uint32_t num_threads);
+
+/**
+ * The number of host worker threads calls use now (at least 1). ABI 1.1.
+ */
+uint32_t moeplug_num_threads(void);
+
+/**
+ * Send the library's log messages to `callback` (with `user`) from now on; NULL (with a
+ * NULL `user`) stops them. Levels: ERROR (a caught internal error), WARN, INFO (settings
+ * changed), DEBUG (every failed call with its message, timings of long host calls).
+ * Returns once no call to the previous callback is running. Refused (INVALID_ARGUMENT) from
+ * inside a moeplug callback; calls into moeplug made by the callback do not log. ABI 1.1.
+ */
+moeplug_status moeplug_set_log_callback(moeplug_log_callback callback, void *user);
+
+/**
+ * Report the progress of long host calls (`moeplug_prepare_moe`, `moeplug_quantize_mx` on
+ * host tensors) to `callback` (with `user`) from now on; NULL (with a NULL `user`) stops.
+ * Returns once no call to the previous callback is running. Refused (INVALID_ARGUMENT) from
+ * inside a moeplug callback; calls into moeplug made by the callback do not report. ABI 1.1.
+ */
+moeplug_status moeplug_set_progress_callback(moeplug_progress_callback callback, void *user);
+
+/* Function-pointer types of every export, for dlvsym(handle, name, "MOEPLUG_1.0") (the
+ * calls marked ABI 1.1: "MOEPLUG_1.1"). */
 typedef const char * (*moeplug_last_error_fn)(void);
 typedef const char * (*moeplug_status_name_fn)(int32_t status);
 typedef uint32_t (*moeplug_abi_version_fn)(void);
@@ -1051,6 +1121,10 @@ typedef moeplug_status (*moeplug_swizzle_scale_fn)(const struct moeplug_swizzle_
 typedef moeplug_status (*moeplug_quantize_mx_fn)(const struct moeplug_quantize_mx_args *args, void *stream);
 typedef moeplug_status (*moeplug_prepare_moe_sizes_fn)(const struct moeplug_prepare_moe_args *args, struct moeplug_prepare_moe_sizes_out *out);
 typedef moeplug_status (*moeplug_prepare_moe_fn)(const struct moeplug_prepare_moe_args *args, void *stream);
+typedef moeplug_status (*moeplug_set_num_threads_fn)(uint32_t num_threads);
+typedef uint32_t (*moeplug_num_threads_fn)(void);
+typedef moeplug_status (*moeplug_set_log_callback_fn)(moeplug_log_callback callback, void *user);
+typedef moeplug_status (*moeplug_set_progress_callback_fn)(moeplug_progress_callback callback, void *user);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -12,6 +12,7 @@ pub mod layout;
 pub mod moe;
 pub mod prep;
 pub mod quant;
+pub mod runtime;
 pub mod tensor;
 pub mod types;
 mod vocab;

@@ -385,18 +385,38 @@ pub fn quantize_mx(
     let q_per_block = if dtype == MxDtype::Fp4E2m1 { 16 } else { 32 };
     assert_eq!(scales.len(), blocks, "scales length");
     assert_eq!(q.len(), blocks * q_per_block, "q length");
-    let threads = crate::prep::parallel::num_threads();
+    let threads = crate::runtime::threads::count();
     if threads <= 1 || blocks < MIN_PARALLEL_BLOCKS {
         quantize_blocks(src, mode, dtype, q, scales);
+        crate::runtime::progress::advance((q.len() + scales.len()) as u64);
         return;
     }
-    let per = blocks.div_ceil(threads);
+    // A few parts per worker, so progress moves while they run.
+    let per = blocks.div_ceil(threads * 4).max(MIN_PARALLEL_BLOCKS / 4);
+    let parts: Vec<_> = scales
+        .chunks_mut(per)
+        .zip(q.chunks_mut(per * q_per_block))
+        .enumerate()
+        .collect();
+    let mut groups: Vec<Vec<_>> = (0..threads).map(|_| Vec::new()).collect();
+    for (n, part) in parts.into_iter().enumerate() {
+        groups[n % threads].push(part);
+    }
+    let workers = crate::runtime::progress::Workers::new();
     std::thread::scope(|scope| {
-        let parts = scales.chunks_mut(per).zip(q.chunks_mut(per * q_per_block));
-        for (i, (s, qb)) in parts.enumerate() {
-            let part = src.slice(i * per * MX_BLOCK, s.len() * MX_BLOCK);
-            scope.spawn(move || quantize_blocks(part, mode, dtype, qb, s));
+        for group in groups.into_iter().filter(|g| !g.is_empty()) {
+            let (workers, running) = (&workers, workers.enter());
+            scope.spawn(move || {
+                let _running = running;
+                for (i, (s, qb)) in group {
+                    let part = src.slice(i * per * MX_BLOCK, s.len() * MX_BLOCK);
+                    let bytes = s.len() + qb.len();
+                    quantize_blocks(part, mode, dtype, qb, s);
+                    workers.finished(bytes);
+                }
+            });
         }
+        workers.report_until_done();
     });
 }
 

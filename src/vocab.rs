@@ -191,3 +191,14 @@ pub enum moeplug_moe_flag {
     /// stage 2 then sums unweighted (AITER doweight_stage1).
     RouterWeightOnInput = 1 << 3,
 }
+
+/// Severity of a message passed to the log callback (`moeplug_set_log_callback`), most
+/// severe first. ABI 1.1.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_log_level {
+    Error = 1,
+    Warn = 2,
+    Info = 3,
+    Debug = 4,
+}

@@ -191,46 +191,69 @@ fn defined_dynamic_symbols() -> Vec<String> {
         .collect()
 }
 
+/// The exports of ABI 1.0: their symbol version is MOEPLUG_1.0 forever.
+const EXPORTS_1_0: [&str; 15] = [
+    "moeplug_last_error",
+    "moeplug_status_name",
+    "moeplug_abi_version",
+    "moeplug_version",
+    "moeplug_get_caps",
+    "moeplug_check_fused_moe",
+    "moeplug_fused_moe",
+    "moeplug_fused_moe_workspace_size",
+    "moeplug_shuffle_weight",
+    "moeplug_shuffle_scale",
+    "moeplug_pad_weights",
+    "moeplug_swizzle_scale",
+    "moeplug_quantize_mx",
+    "moeplug_prepare_moe",
+    "moeplug_prepare_moe_sizes",
+];
+
+/// The additions of ABI 1.1 (threads, log, progress), versioned MOEPLUG_1.1.
+const EXPORTS_1_1: [&str; 4] = [
+    "moeplug_set_num_threads",
+    "moeplug_num_threads",
+    "moeplug_set_log_callback",
+    "moeplug_set_progress_callback",
+];
+
+/// `name@@MOEPLUG_1.x` for every export of every ABI minor, in the order above.
+fn expected_exports() -> Vec<String> {
+    let v0 = EXPORTS_1_0.iter().map(|n| format!("{n}@@MOEPLUG_1.0"));
+    let v1 = EXPORTS_1_1.iter().map(|n| format!("{n}@@MOEPLUG_1.1"));
+    v0.chain(v1).collect()
+}
+
 #[test]
 fn every_export_is_a_versioned_moeplug_symbol() {
     let symbols = defined_dynamic_symbols();
-    let exports: Vec<&String> = symbols
+    // The version nodes themselves are absolute symbols named after the node.
+    let mut exports: Vec<String> = symbols
         .iter()
-        .filter(|s| !s.starts_with("MOEPLUG_1.0"))
+        .filter(|s| !s.starts_with("MOEPLUG_1."))
+        .cloned()
         .collect();
-    assert!(exports.len() >= 15, "too few exports: {symbols:?}");
-    for s in &exports {
-        let (name, version) = s.split_once('@').unwrap_or((s.as_str(), ""));
-        assert!(name.starts_with("moeplug_"), "unexpected export {s}");
-        assert_eq!(
-            version, "@MOEPLUG_1.0",
-            "{name} is not versioned MOEPLUG_1.0 (default): {s}"
-        );
-    }
-    for needed in [
-        "moeplug_last_error",
-        "moeplug_status_name",
-        "moeplug_abi_version",
-        "moeplug_version",
-        "moeplug_get_caps",
-        "moeplug_check_fused_moe",
-        "moeplug_fused_moe",
-        "moeplug_fused_moe_workspace_size",
-        "moeplug_shuffle_weight",
-        "moeplug_shuffle_scale",
-        "moeplug_pad_weights",
-        "moeplug_swizzle_scale",
-        "moeplug_quantize_mx",
-        "moeplug_prepare_moe",
-        "moeplug_prepare_moe_sizes",
-    ] {
-        assert!(
-            exports
-                .iter()
-                .any(|s| s.starts_with(&format!("{needed}@@"))),
-            "{needed} is not exported"
-        );
-    }
+    exports.sort();
+    let mut want = expected_exports();
+    want.sort();
+    assert_eq!(exports, want, "exports and their versions");
+    // The library defines exactly the nodes 1.0 and 1.1 (the parent link the version script
+    // gives 1.1 is informational; rustc's LLD does not record it).
+    let out = run(Command::new("readelf").arg("-V").arg(library()));
+    let defined: Vec<&str> = out
+        .split("Version needs section")
+        .next()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split("Name: ").nth(1))
+        .map(str::trim)
+        .collect();
+    assert_eq!(
+        defined,
+        ["libmoeplug.so.1", "MOEPLUG_1.0", "MOEPLUG_1.1"],
+        "{out}"
+    );
 }
 
 #[test]
@@ -266,12 +289,18 @@ fn every_header_function_is_exported() {
         })
         .collect();
     assert!(declared.len() >= 15, "{declared:?}");
-    for name in declared {
+    let expected = expected_exports();
+    for name in &declared {
+        let versioned = expected
+            .iter()
+            .find(|e| e.split_once("@@").unwrap().0 == *name)
+            .unwrap_or_else(|| panic!("{name} declared but not in the export lists"));
         assert!(
-            symbols.iter().any(|s| s == &format!("{name}@@MOEPLUG_1.0")),
-            "{name} declared but not exported"
+            symbols.contains(versioned),
+            "{name} declared but not exported as {versioned}"
         );
     }
+    assert_eq!(declared.len(), expected.len(), "{declared:?}");
 }
 
 #[test]

@@ -67,7 +67,7 @@ fn version_names_the_crate_version_and_abi() {
     assert_eq!(code, 0);
     assert!(
         stdout.starts_with(&format!("moeplug {} (", env!("CARGO_PKG_VERSION")))
-            && stdout.trim_end().ends_with("abi 1.0)"),
+            && stdout.trim_end().ends_with("abi 1.1)"),
         "{stdout}"
     );
 }

@@ -46,7 +46,7 @@ fn assert_example_output(out: &str) {
     assert_eq!(lines.len(), 3, "{out}");
     assert!(
         lines[0].starts_with(&format!("moeplug {}", env!("CARGO_PKG_VERSION")))
-            && lines[0].ends_with(", ABI 1.0"),
+            && lines[0].ends_with(", ABI 1.1"),
         "{out}"
     );
     assert!(lines[1].starts_with("cpu: "), "{out}");
@@ -65,7 +65,7 @@ fn assert_example_output(out: &str) {
 fn install_lays_out_library_links_header_pkgconfig_and_cmake() {
     let prefix = install("install_layout");
     let lib = prefix.join("lib");
-    let real = lib.join("libmoeplug.so.1.0.0");
+    let real = lib.join("libmoeplug.so.1.1.0");
     assert_eq!(
         std::fs::read(&real).unwrap(),
         std::fs::read(library()).unwrap(),
@@ -74,7 +74,7 @@ fn install_lays_out_library_links_header_pkgconfig_and_cmake() {
     let link = |name: &str| std::fs::read_link(lib.join(name)).unwrap();
     assert_eq!(
         link("libmoeplug.so.1"),
-        PathBuf::from("libmoeplug.so.1.0.0")
+        PathBuf::from("libmoeplug.so.1.1.0")
     );
     assert_eq!(link("libmoeplug.so"), PathBuf::from("libmoeplug.so.1"));
     assert_eq!(
@@ -177,7 +177,7 @@ fn cmake_find_package_builds_the_readme_example() {
 fn assert_consumer_output(out: &str) {
     assert!(
         out.starts_with(&format!("loaded moeplug {}", env!("CARGO_PKG_VERSION")))
-            && out.contains(", ABI 1.0 (header 1.0)\n"),
+            && out.contains(", ABI 1.1 (header 1.1)\n"),
         "{out}"
     );
     assert!(

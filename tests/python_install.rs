@@ -60,7 +60,7 @@ fn pip_install_bundles_the_library_and_imports_from_anywhere() {
 
     let json = run(clean(&python, &elsewhere).args(["-m", "moeplug", "info", "--json"]));
     let info: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(info["abi_version"], "1.0", "{json}");
+    assert_eq!(info["abi_version"], "1.1", "{json}");
     assert_eq!(info["library"], lines[0], "{json}");
     assert_eq!(info["devices"]["cpu"]["available"], true, "{json}");
     assert_eq!(info["devices"]["cpu"]["backend"], "cpu", "{json}");

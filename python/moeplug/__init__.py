@@ -59,7 +59,11 @@ _lib = None
 def _library():
     global _lib
     if _lib is None:
-        _lib = _abi.load()
+        lib = _abi.load()
+        from ._runtime import install_log_bridge
+
+        install_log_bridge(lib)
+        _lib = lib
     return _lib
 
 
@@ -169,8 +173,12 @@ from ._ops import (  # noqa: E402  (the ops need the tables above)
     shuffle_weight,
     swizzle_scale,
 )
+from ._runtime import num_threads, set_num_threads, set_progress_callback  # noqa: E402
 
 __all__ += [
+    "num_threads",
+    "set_num_threads",
+    "set_progress_callback",
     "Prepared",
     "check_fused_moe",
     "fused_moe",

@@ -41,6 +41,7 @@ SCALE_LAYOUTS = {"plain": 1, "aiter_e8m0": 2, "cdna4_swizzle": 3, "cdna4": 3}
 # names when a value is turned back into a name.
 ALIASES = {"cdna4": "cdna4_swizzle"}
 ROUND_MODES = {"down": 1, "up": 2, "even": 3, "ceil": 4}
+LOG_LEVELS = {"error": 1, "warn": 2, "info": 3, "debug": 4}  # ABI 1.1
 BACKENDS = {1: "cpu", 2: "cuda", 3: "hip"}
 DEVICE_TYPES = {"cpu": 1, "cuda": 2, "cuda_host": 3, "rocm": 10, "rocm_host": 11, "cuda_managed": 13}
 DTYPE_CODES = {
@@ -286,6 +287,17 @@ _SIGNATURES = {
 }
 
 
+# ABI 1.1 (symbol version MOEPLUG_1.1): host threads, log and progress callbacks.
+LogCallback = ctypes.CFUNCTYPE(None, c_int32, c_char_p, c_void_p)
+ProgressCallback = ctypes.CFUNCTYPE(None, c_char_p, c_uint64, c_uint64, c_void_p)
+_SIGNATURES_1_1 = {
+    "moeplug_set_num_threads": (_STATUS, [c_uint32]),
+    "moeplug_num_threads": (c_uint32, []),
+    "moeplug_set_log_callback": (_STATUS, [LogCallback, c_void_p]),
+    "moeplug_set_progress_callback": (_STATUS, [ProgressCallback, c_void_p]),
+}
+
+
 def _candidates() -> list[Path]:
     env = os.environ.get("MOEPLUG_LIBRARY")
     if env:
@@ -320,6 +332,12 @@ def load() -> ctypes.CDLL:
     major = lib.moeplug_abi_version() >> 16
     if major != ABI_MAJOR:
         raise OSError(f"{path}: ABI major {major}, this package speaks {ABI_MAJOR}")
+    # A 1.0 library lacks these: the Python calls that need them say so (moeplug._need_1_1).
+    for name, (restype, argtypes) in _SIGNATURES_1_1.items():
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = restype
+            fn.argtypes = argtypes
     lib.path = str(path)
     return lib
 
@@ -365,6 +383,7 @@ C_ENUMS = {
     "moeplug_scale_layout": _constants("MOEPLUG_SCALE_LAYOUT_", SCALE_LAYOUTS, default=True),
     "moeplug_backend": {"MOEPLUG_BACKEND_NONE": 0, **{f"MOEPLUG_BACKEND_{n.upper()}": v for v, n in BACKENDS.items()}},
     "moeplug_round_mode": _constants("MOEPLUG_ROUND_MODE_", ROUND_MODES, default=True),
+    "moeplug_log_level": _constants("MOEPLUG_LOG_LEVEL_", LOG_LEVELS),
     "moeplug_feature": _constants("MOEPLUG_FEATURE_", FEATURES),
     "moeplug_layout_flag": _constants("MOEPLUG_LAYOUT_FLAG_", LAYOUT_FLAGS),
     "moeplug_moe_flag": _constants("MOEPLUG_MOE_FLAG_", MOE_FLAGS),

@@ -8,6 +8,12 @@ Each has a fake (meta) implementation, so torch.compile traces them without runn
 library. The layout record crosses the op boundary as plain ints (:func:`layout_values`),
 and the workspace is an argument (size it with :func:`moeplug.fused_moe_workspace_size`), so a
 captured CUDA graph allocates nothing. Needs torch >= 2.4 (``torch.library.custom_op``).
+
+The workspace is the op's one mutated argument, so it is positional (the 7th) and has no
+default: the dispatcher leaves out trailing positional arguments that equal their default,
+and torch >= 2.6 bumps the version of a mutated argument by its position, so a defaulted one
+would be missing there (``IndexError: tuple index out of range``). Pass ``None`` to let the
+call allocate it.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ def fused_moe(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     layout: List[int],
+    workspace: Optional[torch.Tensor],
     w13_scale: Optional[torch.Tensor] = None,
     w2_scale: Optional[torch.Tensor] = None,
     w13_bias: Optional[torch.Tensor] = None,
@@ -59,7 +66,6 @@ def fused_moe(
     router_weight_on_input: bool = False,
     expert_mask: Optional[torch.Tensor] = None,
     num_local_tokens: Optional[torch.Tensor] = None,
-    workspace: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """moeplug.fused_moe on prepared weights given as tensors plus their layout values."""
     prepared = Prepared(layout=layout_from_values(layout), w13=w13, w2=w2, w13_scale=w13_scale, w2_scale=w2_scale, w13_bias=w13_bias, w2_bias=w2_bias)
@@ -72,7 +78,7 @@ def fused_moe(
 
 
 @fused_moe.register_fake
-def _fused_moe_fake(hidden_states, w13, w2, topk_weights, topk_ids, layout, w13_scale=None, w2_scale=None, w13_bias=None, w2_bias=None, activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, expert_mask=None, num_local_tokens=None, workspace=None):
+def _fused_moe_fake(hidden_states, w13, w2, topk_weights, topk_ids, layout, workspace, w13_scale=None, w2_scale=None, w13_bias=None, w2_bias=None, activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, expert_mask=None, num_local_tokens=None):
     return torch.empty_like(hidden_states)
 
 
@@ -89,10 +95,10 @@ def _shuffle_weight_fake(src, layout_n=16, layout_k=16, use_int4=False, is_guint
     return src.new_empty(tuple(src.shape[:-1]) + (kp,))
 
 
-def fused_moe_prepared(hidden_states, prepared: Prepared, topk_weights, topk_ids, **kwargs):
+def fused_moe_prepared(hidden_states, prepared: Prepared, topk_weights, topk_ids, workspace=None, **kwargs):
     """torch.ops.moeplug.fused_moe with the tensors and layout of a Prepared spelled out."""
     return torch.ops.moeplug.fused_moe(
-        hidden_states, prepared.w13, prepared.w2, topk_weights, topk_ids, layout_values(prepared),
+        hidden_states, prepared.w13, prepared.w2, topk_weights, topk_ids, layout_values(prepared), workspace,
         w13_scale=prepared.w13_scale, w2_scale=prepared.w2_scale, w13_bias=prepared.w13_bias, w2_bias=prepared.w2_bias,
         **kwargs,
     )

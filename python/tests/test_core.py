@@ -9,8 +9,8 @@ from moeplug import _abi
 from moeplug._tensor import describe
 
 
-def test_loads_the_built_library_and_reports_abi_1_0():
-    assert moeplug.abi_version() == (1, 0)
+def test_loads_the_built_library_and_reports_abi_1_1():
+    assert moeplug.abi_version() == (1, 1)
     assert moeplug.version().startswith("0.1.0")
     assert moeplug.library_path().endswith(".so")
 

@@ -27,7 +27,7 @@ def test_info_json_reports_the_loaded_library_and_every_device():
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["version"] == moeplug.version()
-    assert r["abi_version"] == "1.0"
+    assert r["abi_version"] == "1.1"
     assert r["library"] == moeplug.library_path()
     assert set(r["devices"]) == {"cpu", "cuda:0", "rocm:0"}
     cpu = r["devices"]["cpu"]
@@ -42,7 +42,7 @@ def test_info_json_reports_the_loaded_library_and_every_device():
 def test_info_text_and_bad_arguments():
     out = _info()
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(f"moeplug  {moeplug.version()}\nABI      1.0\n")
+    assert out.stdout.startswith(f"moeplug  {moeplug.version()}\nABI      1.1\n")
     assert "\ncpu\n  backend          cpu\n" in out.stdout
     bad = _info("--all")
     assert bad.returncode == 2

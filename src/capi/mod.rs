@@ -12,6 +12,8 @@ mod moe;
 pub mod panic;
 mod prep;
 pub use self::prep::*;
+mod runtime;
+pub use self::runtime::*;
 pub mod types;
 
 use libc::c_char;
@@ -25,8 +27,9 @@ use crate::tensor::DeviceKind;
 
 /// ABI major version: incompatible changes add a new symbol version node.
 pub(crate) const ABI_MAJOR: u32 = 1;
-/// ABI minor version: compatible additions.
-pub(crate) const ABI_MINOR: u32 = 0;
+/// ABI minor version: compatible additions (1.1: threads, log and progress callbacks, in
+/// the MOEPLUG_1.1 symbol version node). build.rs writes the same into MOEPLUG_ABI_VERSION.
+pub(crate) const ABI_MINOR: u32 = 1;
 
 pub(crate) fn status(s: Status) -> moeplug_status {
     s.to_c()
@@ -53,7 +56,7 @@ fn status_name_c(s: Status) -> *const c_char {
     s.c_name().as_ptr()
 }
 
-/// `(major << 16) | minor` of the ABI this library implements (1.0 → 0x10000).
+/// `(major << 16) | minor` of the ABI this library implements (1.1 → 0x10001).
 #[no_mangle]
 pub extern "C" fn moeplug_abi_version() -> u32 {
     (ABI_MAJOR << 16) | ABI_MINOR

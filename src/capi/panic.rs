@@ -6,6 +6,7 @@ use std::ffi::CString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::error::{Error, Status};
+use crate::runtime::log::{self, Level};
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -37,7 +38,9 @@ pub fn guard(function: &str, body: impl FnOnce() -> Result<(), Error>) -> Status
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => Status::Ok,
         Ok(Err(e)) => {
-            set_last_error(&format!("{function}: {}", e.message));
+            let message = format!("{function}: {}", e.message);
+            log::emit(Level::Debug, || format!("{}: {message}", e.status.name()));
+            set_last_error(&message);
             e.status
         }
         Err(payload) => {
@@ -46,9 +49,9 @@ pub fn guard(function: &str, body: impl FnOnce() -> Result<(), Error>) -> Status
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".to_string());
-            set_last_error(&format!(
-                "{function}: internal error (caught panic: {what})"
-            ));
+            let message = format!("{function}: internal error (caught panic: {what})");
+            log::emit(Level::Error, || message.clone());
+            set_last_error(&message);
             Status::Internal
         }
     }
@@ -59,13 +62,18 @@ pub fn guard_value<T>(fallback: T, body: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or(fallback)
 }
 
-/// Give an exported function the ELF symbol version `MOEPLUG_1.0` (default version). The
-/// version node itself is declared by the version script that build.rs passes to the linker.
+/// Give exported functions their ELF symbol version (default version): `MOEPLUG_1.0` for
+/// the 1.0 calls (never changes), `symver!("MOEPLUG_1.1": ...)` for later additions. The
+/// version nodes themselves are declared by the version script that build.rs passes to the
+/// linker.
 macro_rules! symver {
     ($($name:ident),+ $(,)?) => {
+        symver!("MOEPLUG_1.0": $($name),+);
+    };
+    ($version:literal: $($name:ident),+ $(,)?) => {
         $(
             #[cfg(all(target_os = "linux", not(test)))]
-            std::arch::global_asm!(concat!(".symver ", stringify!($name), ", ", stringify!($name), "@@MOEPLUG_1.0"));
+            std::arch::global_asm!(concat!(".symver ", stringify!($name), ", ", stringify!($name), "@@", $version));
         )+
     };
 }

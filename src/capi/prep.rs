@@ -18,6 +18,7 @@ use crate::layout::Layout;
 use crate::prep::steps::Step;
 use crate::prep::{pad, prepare, scale, shuffle, swizzle};
 use crate::quant::{self, MxDtype, MxSource};
+use crate::runtime::progress;
 use crate::tensor::{DeviceKind, ElemType, Tensor};
 use crate::types::{ActDtype, GateMode, RoundMode, ScaleLayout, WeightFormat};
 
@@ -515,21 +516,24 @@ pub unsafe extern "C" fn moeplug_quantize_mx(
             ElemType::Bf16 => MxSource::Bf16(src.host_slice::<half::bf16>()?),
             _ => MxSource::F16(src.host_slice::<half::f16>()?),
         };
-        if shuffled {
-            let mut raw = vec![0u8; rows * (k / 32)];
-            quant::quantize_mx(source, k, mode, dtype, q.host_bytes_mut(), &mut raw);
-            scale::shuffle_scale(&raw, rows, k / 32, sc.host_bytes_mut());
-        } else {
-            quant::quantize_mx(
-                source,
-                k,
-                mode,
-                dtype,
-                q.host_bytes_mut(),
-                sc.host_bytes_mut(),
-            );
-        }
-        Ok(())
+        let written = (q.nbytes() + sc.nbytes()) as u64;
+        progress::task("moeplug_quantize_mx", written, || {
+            if shuffled {
+                let mut raw = vec![0u8; rows * (k / 32)];
+                quant::quantize_mx(source, k, mode, dtype, q.host_bytes_mut(), &mut raw);
+                scale::shuffle_scale(&raw, rows, k / 32, sc.host_bytes_mut());
+            } else {
+                quant::quantize_mx(
+                    source,
+                    k,
+                    mode,
+                    dtype,
+                    q.host_bytes_mut(),
+                    sc.host_bytes_mut(),
+                );
+            }
+            Ok(())
+        })
     }))
 }
 
@@ -882,25 +886,28 @@ pub unsafe extern "C" fn moeplug_prepare_moe(
         unsafe fn bytes_mut(t: &Option<Tensor>) -> Option<&mut [u8]> {
             t.as_ref().map(|t| t.host_bytes_mut())
         }
-        prepare::prepare_host(
-            p,
-            prepare::PrepareInputs {
-                w13: req.w13.host_bytes(),
-                w2: req.w2.host_bytes(),
-                w13_scale: bytes(&req.w13_scale),
-                w2_scale: bytes(&req.w2_scale),
-                w13_bias: bytes(&req.w13_bias),
-                w2_bias: bytes(&req.w2_bias),
-            },
-            prepare::PrepareOutputs {
-                w13: o13.host_bytes_mut(),
-                w2: o2.host_bytes_mut(),
-                w13_scale: bytes_mut(&o13s),
-                w2_scale: bytes_mut(&o2s),
-                w13_bias: bytes_mut(&o13b),
-                w2_bias: bytes_mut(&o2b),
-            },
-        )?;
+        let written: usize = outputs.iter().flatten().map(|o| o.nbytes()).sum();
+        progress::task("moeplug_prepare_moe", written as u64, || {
+            prepare::prepare_host(
+                p,
+                prepare::PrepareInputs {
+                    w13: req.w13.host_bytes(),
+                    w2: req.w2.host_bytes(),
+                    w13_scale: bytes(&req.w13_scale),
+                    w2_scale: bytes(&req.w2_scale),
+                    w13_bias: bytes(&req.w13_bias),
+                    w2_bias: bytes(&req.w2_bias),
+                },
+                prepare::PrepareOutputs {
+                    w13: o13.host_bytes_mut(),
+                    w2: o2.host_bytes_mut(),
+                    w13_scale: bytes_mut(&o13s),
+                    w2_scale: bytes_mut(&o2s),
+                    w13_bias: bytes_mut(&o13b),
+                    w2_bias: bytes_mut(&o2b),
+                },
+            )
+        })?;
         write_struct(a.out_layout, &layout_record(&p.layout), layout_size);
         Ok(())
     }))

@@ -1,16 +1,12 @@
 //! Splitting a large output buffer over the CPU cores. Each worker gets a disjoint, whole
 //! number of `unit`-byte pieces of the output, so writers never share a cache line of work
-//! and nothing is allocated per element.
+//! and nothing is allocated per element. The worker count and progress reports come from
+//! `crate::runtime`.
+
+use crate::runtime::{progress, threads};
 
 /// Below this many output bytes a single thread is faster than starting workers.
 const MIN_PARALLEL_BYTES: usize = 1 << 20;
-
-/// Worker threads to use: the machine's parallelism (1 if unknown).
-pub fn num_threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-}
 
 /// Call `body(first_unit, chunk)` over `out` cut into contiguous chunks of whole `unit`-byte
 /// pieces (`out.len()` must be a multiple of `unit`), on all cores when `out` is large.
@@ -24,9 +20,11 @@ where
         "output is not whole units"
     );
     let units = out.len() / unit;
-    let threads = num_threads().min(units.max(1));
+    let threads = threads::count().min(units.max(1));
     if threads <= 1 || out.len() < MIN_PARALLEL_BYTES {
+        let bytes = out.len();
         body(0, out);
+        progress::advance(bytes as u64);
         return;
     }
     // A few chunks per thread, dealt round-robin, even out the load without a work queue.
@@ -37,13 +35,19 @@ where
         groups[i % threads].push((i * per_chunk, chunk));
     }
     let body = &body;
+    let workers = progress::Workers::new();
     std::thread::scope(|s| {
         for group in groups {
+            let (workers, running) = (&workers, workers.enter());
             s.spawn(move || {
+                let _running = running;
                 for (first, chunk) in group {
+                    let bytes = chunk.len();
                     body(first, chunk);
+                    workers.finished(bytes);
                 }
             });
         }
+        workers.report_until_done();
     });
 }

@@ -1,6 +1,7 @@
 /* Exercises libmoeplug through dlopen and the header alone: ABI version, capabilities, and
  * every generic error path (NULL argument, short struct_size, dirty tail, unknown enum).
  * Usage: abi_test /path/to/libmoeplug.so */
+#define _GNU_SOURCE /* dlvsym */
 #include <dlfcn.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -58,6 +59,63 @@ static void expect(const char *what, moeplug_status got, moeplug_status want, st
           msg ? msg : "(null)", needle);
 }
 
+/* What the log callback saw last. */
+static int log_calls = 0;
+static int32_t log_level = 0;
+static char log_text[512];
+static void *log_user = NULL;
+
+static void on_log(int32_t level, const char *message, void *user) {
+    log_calls++;
+    log_level = level;
+    log_user = user;
+    snprintf(log_text, sizeof log_text, "%s", message);
+}
+
+static void *sym_1_1(void *lib, const char *name) {
+    void *p = dlvsym(lib, name, "MOEPLUG_1.1");
+    if (!p) {
+        fprintf(stderr, "missing symbol %s@MOEPLUG_1.1: %s\n", name, dlerror());
+        exit(2);
+    }
+    return p;
+}
+
+/* The ABI 1.1 calls, resolved at their version node through the header's typedefs. */
+static void check_1_1(void *lib, str_fn last_error, status_name_fn status_name, shuffle_weight_fn shuffle_weight) {
+    moeplug_set_num_threads_fn set_threads = (moeplug_set_num_threads_fn)sym_1_1(lib, "moeplug_set_num_threads");
+    moeplug_num_threads_fn threads = (moeplug_num_threads_fn)sym_1_1(lib, "moeplug_num_threads");
+    moeplug_set_log_callback_fn set_log = (moeplug_set_log_callback_fn)sym_1_1(lib, "moeplug_set_log_callback");
+    moeplug_set_progress_callback_fn set_progress =
+        (moeplug_set_progress_callback_fn)sym_1_1(lib, "moeplug_set_progress_callback");
+    CHECK(dlvsym(lib, "moeplug_set_num_threads", "MOEPLUG_1.0") == NULL, "a 1.1 call is versioned 1.0");
+
+    moeplug_status st = set_threads(3);
+    CHECK(st == MOEPLUG_OK && threads() == 3, "set_num_threads(3): %s, num_threads %u", status_name(st), threads());
+    expect("set_num_threads(5000)", set_threads(5000), MOEPLUG_INVALID_ARGUMENT, last_error, status_name,
+           "num_threads: expected 0 (every core) to 4096, got 5000");
+    CHECK(threads() == 3, "a refused set_num_threads changed the count to %u", threads());
+    CHECK(set_threads(0) == MOEPLUG_OK && threads() >= 1, "set_num_threads(0)");
+
+    int token = 7;
+    expect("set_log_callback(NULL, user)", set_log(NULL, &token), MOEPLUG_INVALID_ARGUMENT, last_error,
+           status_name, "user: expected NULL when callback is NULL");
+    expect("set_progress_callback(NULL, user)", set_progress(NULL, &token), MOEPLUG_INVALID_ARGUMENT, last_error,
+           status_name, "user: expected NULL when callback is NULL");
+    CHECK(set_log(on_log, &token) == MOEPLUG_OK, "set_log_callback: %s", last_error());
+    st = shuffle_weight(NULL, NULL);
+    CHECK(st == MOEPLUG_INVALID_ARGUMENT, "shuffle_weight(NULL) = %s", status_name(st));
+    CHECK(log_calls == 1 && log_level == MOEPLUG_LOG_LEVEL_DEBUG && log_user == &token, "log: %d calls, level %d",
+          log_calls, log_level);
+    char want[600];
+    snprintf(want, sizeof want, "MOEPLUG_INVALID_ARGUMENT: %s", last_error());
+    CHECK(strcmp(log_text, want) == 0, "log message \"%s\", want \"%s\"", log_text, want);
+    CHECK(set_log(NULL, NULL) == MOEPLUG_OK, "clearing the log callback");
+    shuffle_weight(NULL, NULL);
+    CHECK(log_calls == 1, "logged after clearing the callback");
+    CHECK(set_progress(NULL, NULL) == MOEPLUG_OK, "clearing the progress callback");
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s libmoeplug.so\n", argv[0]);
@@ -76,7 +134,7 @@ int main(int argc, char **argv) {
     check_fn check = (check_fn)sym(lib, "moeplug_check_fused_moe");
     shuffle_weight_fn shuffle_weight = (shuffle_weight_fn)sym(lib, "moeplug_shuffle_weight");
 
-    CHECK(abi_version() == (1u << 16), "abi_version = %#x", abi_version());
+    CHECK(abi_version() == ((1u << 16) | 1u), "abi_version = %#x", abi_version());
     CHECK(abi_version() == MOEPLUG_ABI_VERSION, "header and library disagree on the ABI");
     CHECK(strncmp(version(), MOEPLUG_VERSION, strlen(MOEPLUG_VERSION)) == 0, "version %s", version());
     CHECK(strcmp(status_name(MOEPLUG_OK), "MOEPLUG_OK") == 0, "status_name(0)");
@@ -92,7 +150,7 @@ int main(int argc, char **argv) {
     CHECK(st == MOEPLUG_OK, "get_caps(cpu) = %s: %s", status_name(st), last_error());
     CHECK(strcmp(last_error(), "") == 0, "last_error after success: \"%s\"", last_error());
     CHECK(caps.backend == MOEPLUG_BACKEND_CPU, "caps.backend = %d", caps.backend);
-    CHECK(caps.abi_version == (1u << 16), "caps.abi_version");
+    CHECK(caps.abi_version == ((1u << 16) | 1u), "caps.abi_version");
     CHECK(caps.device_type == MOEPLUG_DEVICE_TYPE_CPU, "caps.device_type");
     CHECK(memchr(caps.arch, 0, sizeof caps.arch) != NULL && strlen(caps.arch) > 0, "caps.arch");
 
@@ -184,6 +242,8 @@ int main(int argc, char **argv) {
 
     expect("shuffle_weight(NULL)", shuffle_weight(NULL, NULL), MOEPLUG_INVALID_ARGUMENT, last_error, status_name,
            "args");
+
+    check_1_1(lib, last_error, status_name, shuffle_weight);
 
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);

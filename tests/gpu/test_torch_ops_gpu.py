@@ -38,8 +38,8 @@ def layer():
     return p, x, wts, ids
 
 
-def _args(p, x, wts, ids):
-    return (x, p.w13, p.w2, wts, ids, mt.layout_values(p))
+def _args(p, x, wts, ids, ws=None):
+    return (x, p.w13, p.w2, wts, ids, mt.layout_values(p), ws)
 
 
 def _kwargs(p, **extra):
@@ -50,15 +50,19 @@ def test_op_equals_the_plain_call(layer):
     p, x, wts, ids = layer
     want = moeplug.fused_moe(x, p, wts, ids, **KW)
     got = mt.fused_moe_prepared(x, p, wts, ids, **KW)
+    need = moeplug.fused_moe_workspace_size(x, p, wts, ids, **KW)
+    ws = torch.empty(need, dtype=torch.uint8, device="cuda")
+    with_ws = mt.fused_moe_prepared(x, p, wts, ids, ws, **KW)
     torch.cuda.synchronize()
-    assert torch.equal(got, want)
+    assert torch.equal(got, want) and torch.equal(with_ws, want)
 
 
 def test_opcheck_on_cuda(layer):
     p, x, wts, ids = layer
     need = moeplug.fused_moe_workspace_size(x, p, wts, ids, **KW)
     ws = torch.empty(need, dtype=torch.uint8, device="cuda")
-    torch.library.opcheck(torch.ops.moeplug.fused_moe.default, _args(p, x, wts, ids), _kwargs(p, workspace=ws))
+    torch.library.opcheck(torch.ops.moeplug.fused_moe.default, _args(p, x, wts, ids, ws), _kwargs(p))
+    torch.library.opcheck(torch.ops.moeplug.fused_moe.default, _args(p, x, wts, ids), _kwargs(p))
 
 
 def test_torch_compile_and_cuda_graph(layer):
@@ -68,7 +72,7 @@ def test_torch_compile_and_cuda_graph(layer):
     values = mt.layout_values(p)
 
     def step(x):
-        return torch.ops.moeplug.fused_moe(x, p.w13, p.w2, wts, ids, values, **_kwargs(p, workspace=ws))
+        return torch.ops.moeplug.fused_moe(x, p.w13, p.w2, wts, ids, values, ws, **_kwargs(p))
 
     eager = step(x).clone()
     compiled = torch.compile(step, fullgraph=True)

@@ -56,9 +56,7 @@ impl Backend for CpuBackend {
     }
 }
 
-/// Worker threads the CPU backend uses (all cores).
+/// Worker threads the CPU backend uses (`moeplug_set_num_threads`, default all cores).
 pub fn threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
+    crate::runtime::threads::count()
 }

@@ -123,9 +123,10 @@ fn print_caps(device: &str, caps: &Caps) {
 
 fn info() {
     println!("moeplug {}", moeplug::version());
+    let abi = moeplug::capi::moeplug_abi_version();
+    let (major, minor) = (abi >> 16, abi & 0xFFFF);
     println!(
-        "ABI     {}.{} (symbols @@MOEPLUG_1.0, soname libmoeplug.so.1)",
-        1, 0
+        "ABI     {major}.{minor} (symbols @@MOEPLUG_1.0 to @@MOEPLUG_{major}.{minor}, soname libmoeplug.so.{major})"
     );
     println!();
     let devices = [
