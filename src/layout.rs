@@ -2,7 +2,7 @@
 //! checked by the launch. Pads are derived from the sizes, never passed separately.
 
 use crate::error::{Error, Result};
-use crate::types::{GateMode, ScaleLayout, WeightFormat, WeightLayout};
+use crate::types::{ActDtype, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
 /// Core form of `moeplug_layout`, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,5 +115,43 @@ impl Layout {
     /// Trailing zero rows per half of w13 / columns of w2.
     pub fn intermediate_pad(&self) -> usize {
         self.intermediate_padded - self.intermediate_size
+    }
+}
+
+/// What one preparation primitive established about the bytes it wrote; `None` where the
+/// call cannot know (a shuffle does not know whether its tensor is w13 or w2). A record is
+/// assembled from the fragments of every call that produced its tensors ([`Fragment::merge`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fragment {
+    pub weight_format: Option<WeightFormat>,
+    pub weight_layout: Option<WeightLayout>,
+    pub scale_layout: Option<ScaleLayout>,
+    pub gate_mode: Option<GateMode>,
+    pub num_experts: Option<usize>,
+    pub hidden_size: Option<usize>,
+    pub intermediate_size: Option<usize>,
+    pub hidden_padded: Option<usize>,
+    pub intermediate_padded: Option<usize>,
+    pub has_bias: Option<bool>,
+    /// The activation dtype the preparation was made for, where it changes the layout.
+    pub act_dtype: Option<ActDtype>,
+}
+
+impl Fragment {
+    /// Every field of a complete record (what `prepare_moe` produces).
+    pub fn of_layout(l: &Layout) -> Fragment {
+        Fragment {
+            weight_format: Some(l.weight_format),
+            weight_layout: Some(l.weight_layout),
+            scale_layout: l.scale_layout,
+            gate_mode: Some(l.gate_mode),
+            num_experts: Some(l.num_experts),
+            hidden_size: Some(l.hidden_size),
+            intermediate_size: Some(l.intermediate_size),
+            hidden_padded: Some(l.hidden_padded),
+            intermediate_padded: Some(l.intermediate_padded),
+            has_bias: Some(l.has_bias),
+            act_dtype: None,
+        }
     }
 }

@@ -301,14 +301,7 @@ pub unsafe fn tensor(ptr: *const moeplug_tensor, name: &'static str) -> Result<T
     optional_tensor(ptr, name)?.ok_or_else(|| Error::invalid(format!("{name}: must not be NULL")))
 }
 
-/// An enum field where 0 means `default`.
-pub fn enum_or<T>(raw: i32, default: T, parse: impl FnOnce(i32) -> Result<T>) -> Result<T> {
-    if raw == 0 {
-        Ok(default)
-    } else {
-        parse(raw)
-    }
-}
+pub use crate::types::enum_or;
 
 /// A non-zero-means-true flag field.
 pub fn flag(raw: i32) -> bool {
