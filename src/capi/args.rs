@@ -161,6 +161,7 @@ output!(
     moeplug_layout {
         struct_size, weight_format, gate_mode, weight_layout, scale_layout, num_experts,
         hidden_size, intermediate_size, hidden_padded, intermediate_padded, flags, reserved0,
+        act_dtype, reserved1, prep_fingerprint,
     }
     moeplug_prepare_moe_sizes_out {
         struct_size,

@@ -6,7 +6,7 @@ use super::args::{enum_or, optional_tensor, read_struct, tensor};
 use super::types::{moeplug_fused_moe_args, moeplug_layout, moeplug_moe_flag};
 use crate::backend::{self, Backend};
 use crate::error::{Error, Result};
-use crate::layout::Layout;
+use crate::layout::{Layout, PreparedLayout};
 use crate::moe::{MoeConfig, MoeLaunch};
 use crate::tensor::ElemType;
 use crate::types::{ActDtype, Activation};
@@ -16,9 +16,9 @@ pub(crate) const FLAG_ROUTER_WEIGHT_ON_INPUT: u32 = moeplug_moe_flag::RouterWeig
 
 /// # Safety
 /// `ptr` is NULL or a readable `moeplug_layout` of `struct_size` bytes.
-pub unsafe fn read_layout(ptr: *const moeplug_layout, name: &str) -> Result<Layout> {
+pub unsafe fn read_layout(ptr: *const moeplug_layout, name: &str) -> Result<PreparedLayout> {
     let l = read_struct(ptr, name)?;
-    Layout::new(
+    let layout = Layout::new(
         l.weight_format,
         l.gate_mode,
         l.weight_layout,
@@ -31,23 +31,26 @@ pub unsafe fn read_layout(ptr: *const moeplug_layout, name: &str) -> Result<Layo
             l.intermediate_padded,
         ],
         l.flags,
-    )
+    )?;
+    PreparedLayout::new(layout, l.act_dtype, l.reserved1, l.prep_fingerprint)
 }
 
 fn resolve_config(
     a: &moeplug_fused_moe_args,
-    layout: Layout,
+    prepared: PreparedLayout,
     input_is_fp16: bool,
     has: [bool; 2],
 ) -> Result<MoeConfig> {
+    let layout = prepared.layout;
     let activation = enum_or(a.activation, Activation::Silu, |v| {
         Activation::from_raw("activation", v)
     })?;
     let act_dtype = enum_or(
         a.act_dtype,
-        ActDtype::default_for(layout.weight_format, input_is_fp16),
+        prepared.default_act_dtype(input_is_fp16),
         |v| ActDtype::from_raw("act_dtype", v),
     )?;
+    prepared.check_act_dtype(act_dtype)?;
     if !a.alpha.is_finite() || !a.limit.is_finite() || a.limit < 0.0 {
         return Err(Error::invalid(format!(
             "alpha/limit: expected finite values with limit >= 0, got alpha {} limit {}",

@@ -11,7 +11,7 @@ use super::panic::{guard, symver};
 use super::status;
 use super::types::*;
 use crate::error::{Error, Result};
-use crate::layout::Layout;
+use crate::layout::{fingerprint, Fragment, Layout};
 use crate::prep::request::{
     self, PadWeights, PrepareMoe, PrepareTarget, PrepareTargetArgs, QuantizeMx, ShuffleScale,
     ShuffleWeight, SwizzleScale,
@@ -202,7 +202,7 @@ unsafe fn read_prepare(
     })
 }
 
-fn layout_record(l: &Layout) -> moeplug_layout {
+fn layout_record(l: &Layout, fragment: &Fragment) -> moeplug_layout {
     moeplug_layout {
         struct_size: std::mem::size_of::<moeplug_layout>() as u32,
         weight_format: l.weight_format as i32,
@@ -216,6 +216,9 @@ fn layout_record(l: &Layout) -> moeplug_layout {
         intermediate_padded: l.intermediate_padded as i64,
         flags: l.flags(),
         reserved0: 0,
+        act_dtype: fragment.act_dtype.map_or(0, |a| a as i32),
+        reserved1: 0,
+        prep_fingerprint: fingerprint::encode(fragment),
     }
 }
 
@@ -257,7 +260,7 @@ pub unsafe extern "C" fn moeplug_prepare_moe_sizes(
         let (w2_bias_ndim, w2_bias_shape) = shape4(p.w2_bias.as_ref());
         // The nested record is as long as the caller's struct leaves room for (a 1.0 caller:
         // the 1.0 record).
-        let mut layout = layout_record(&p.layout);
+        let mut layout = layout_record(&p.layout, &req.fragment(p));
         let room = size - std::mem::offset_of!(moeplug_prepare_moe_sizes_out, layout);
         layout.struct_size = room.min(std::mem::size_of::<moeplug_layout>()) as u32;
         let sizes = moeplug_prepare_moe_sizes_out {
@@ -324,7 +327,11 @@ pub unsafe extern "C" fn moeplug_prepare_moe(
             optional_tensor(a.out_w2_bias, "out_w2_bias")?,
         ])?;
         job.run(stream)?;
-        write_struct(a.out_layout, &layout_record(&layout), layout_size);
+        write_struct(
+            a.out_layout,
+            &layout_record(&layout, &job.fragment),
+            layout_size,
+        );
         Ok(())
     }))
 }
