@@ -902,3 +902,217 @@ impl PrepareMoe {
         Ok((job, shapes.layout))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Status;
+    use crate::layout::{fingerprint, PreparedLayout};
+
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+    /// A host tensor description; planning reads shapes only, never the data.
+    fn t(name: &'static str, elem: ElemType, shape: &[usize]) -> Tensor {
+        Tensor {
+            name,
+            // Distinct, far-apart addresses (never dereferenced), so no two overlap.
+            ptr: (NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) << 40) as *mut u8,
+            device: DeviceKind::Cpu,
+            device_id: 0,
+            elem,
+            shape: shape.to_vec(),
+        }
+    }
+
+    /// bf16 E=2, H=64, I=48 with biases, prepared for bf16 activations: the record and the
+    /// fingerprint `prepare_moe` writes.
+    fn prepared() -> (Layout, Option<ActDtype>, u64) {
+        let target = PrepareTarget::new(PrepareTargetArgs {
+            weight_format: WeightFormat::Bf16 as i32,
+            gate_mode_in: GateMode::Interleave as i32,
+            device_type: 0,
+            device_id: 0,
+            act_dtype: ActDtype::Bf16 as i32,
+            hidden_align: 0,
+            intermediate_align: 0,
+        })
+        .unwrap();
+        let req = PrepareMoe {
+            target,
+            w13: t("w13", ElemType::Bf16, &[2, 96, 64]),
+            w2: t("w2", ElemType::Bf16, &[2, 64, 48]),
+            w13_scale: None,
+            w2_scale: None,
+            w13_bias: Some(t("w13_bias", ElemType::F32, &[2, 96])),
+            w2_bias: Some(t("w2_bias", ElemType::F32, &[2, 64])),
+        };
+        let shapes = req.plan().unwrap();
+        let f = req.fragment(&shapes);
+        (shapes.layout, f.act_dtype, fingerprint::encode(&f))
+    }
+
+    fn read(l: &Layout, act: Option<ActDtype>, fp: u64) -> Result<PreparedLayout> {
+        PreparedLayout::new(*l, act.map_or(0, |a| a as i32), 0, fp)
+    }
+
+    fn mismatch(r: Result<PreparedLayout>, field: &str) {
+        let e = r.expect_err("a contradicting record must be refused");
+        assert_eq!(e.status, Status::LayoutMismatch, "{}", e.message);
+        assert!(
+            e.message.starts_with(&format!("layout.{field}: ")),
+            "message should name {field}: {}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn the_prepared_record_passes_and_a_zero_fingerprint_checks_nothing() {
+        let (l, act, fp) = prepared();
+        assert_ne!(fp, 0);
+        assert_eq!(read(&l, act, fp).unwrap().act_dtype, Some(ActDtype::Bf16));
+        let mut other = l;
+        other.gate_mode = GateMode::Interleave;
+        other.hidden_size = 60;
+        assert!(read(&other, None, 0).is_ok());
+    }
+
+    #[test]
+    fn each_enum_field_that_contradicts_the_fingerprint_is_named() {
+        let (l, act, fp) = prepared();
+        let mut x = l;
+        x.weight_format = WeightFormat::Fp16;
+        mismatch(read(&x, act, fp), "weight_format");
+        let mut x = l;
+        x.gate_mode = GateMode::InterleaveRows;
+        mismatch(read(&x, act, fp), "gate_mode");
+        let mut x = l;
+        x.weight_layout = WeightLayout::Plain;
+        mismatch(read(&x, act, fp), "weight_layout");
+        let mut x = l;
+        x.has_bias = false;
+        mismatch(read(&x, act, fp), "flags");
+        mismatch(read(&l, Some(ActDtype::Fp16), fp), "act_dtype");
+        mismatch(read(&l, None, fp), "act_dtype");
+    }
+
+    #[test]
+    fn a_scale_layout_that_contradicts_the_fingerprint_is_named() {
+        let mut f = Fragment::of_layout(&prepared().0);
+        f.weight_format = Some(WeightFormat::Mxfp4);
+        f.scale_layout = Some(ScaleLayout::AiterE8m0);
+        let mut l = prepared().0;
+        l.weight_format = WeightFormat::Mxfp4;
+        l.scale_layout = Some(ScaleLayout::Cdna4Swizzle);
+        mismatch(read(&l, None, fingerprint::encode(&f)), "scale_layout");
+    }
+
+    #[test]
+    fn each_size_that_contradicts_the_fingerprint_is_named() {
+        let (l, act, fp) = prepared();
+        let fields: [(&str, fn(&mut Layout)); 5] = [
+            ("num_experts", |l| l.num_experts += 1),
+            ("hidden_size", |l| l.hidden_size -= 1),
+            ("intermediate_size", |l| l.intermediate_size -= 1),
+            ("hidden_padded", |l| l.hidden_padded += 64),
+            ("intermediate_padded", |l| l.intermediate_padded += 64),
+        ];
+        for (name, change) in fields {
+            let mut x = l;
+            change(&mut x);
+            mismatch(read(&x, act, fp), name);
+        }
+    }
+
+    #[test]
+    fn a_launch_with_another_act_dtype_is_a_mismatch() {
+        let (l, act, fp) = prepared();
+        let p = read(&l, act, fp).unwrap();
+        assert_eq!(p.default_act_dtype(true), ActDtype::Bf16);
+        assert!(p.check_act_dtype(ActDtype::Bf16).is_ok());
+        let e = p.check_act_dtype(ActDtype::Fp8PerToken).unwrap_err();
+        assert_eq!(e.status, Status::LayoutMismatch);
+        assert!(e.message.starts_with("layout.act_dtype: "), "{}", e.message);
+    }
+
+    #[test]
+    fn foreign_fingerprints_are_invalid() {
+        let (l, act, _) = prepared();
+        for bad in [1u64, 2 << 60, (1 << 60) | (1 << 57)] {
+            let e = read(&l, act, bad).unwrap_err();
+            assert_eq!(e.status, Status::InvalidArgument, "{bad:#x}: {}", e.message);
+        }
+    }
+
+    /// The primitives' fragments of a hand-made preparation (pad w13 with gate_up, pad w2,
+    /// F1 (16, 16) shuffles of both) assemble into the fields prepare_moe's record has.
+    #[test]
+    fn primitive_fragments_assemble_into_the_record() {
+        let (l, _, _) = prepared();
+        let pad = |src: Tensor, dst: Tensor, gate_up: bool| {
+            PadWeights {
+                src,
+                dst,
+                gate_up,
+                fill: 0.0,
+            }
+            .plan()
+            .unwrap()
+            .fragment
+        };
+        let shuffle = |shape: &[usize]| {
+            ShuffleWeight {
+                src: t("src", ElemType::Bf16, shape),
+                dst: t("dst", ElemType::Bf16, shape),
+                layout_n: 0,
+                layout_k: 0,
+                use_int4: false,
+                is_guinterleave: false,
+                gate_up: false,
+                pad_k_to: 0,
+            }
+            .plan()
+            .unwrap()
+            .fragment
+        };
+        let [h, i, hp, ip] = [
+            l.hidden_size,
+            l.intermediate_size,
+            l.hidden_padded,
+            l.intermediate_padded,
+        ];
+        let w13 = pad(
+            t("src", ElemType::Bf16, &[2, 2 * i, h]),
+            t("dst", ElemType::Bf16, &[2, 2 * ip, hp]),
+            true,
+        );
+        let w2 = pad(
+            t("src", ElemType::Bf16, &[2, h, i]),
+            t("dst", ElemType::Bf16, &[2, hp, ip]),
+            false,
+        );
+        let f = w13
+            .merge(w2)
+            .unwrap()
+            .merge(shuffle(&[2, 2 * ip, hp]))
+            .unwrap()
+            .merge(shuffle(&[2, hp, ip]))
+            .unwrap();
+        let want = Fragment {
+            has_bias: None,
+            ..Fragment::of_layout(&l)
+        };
+        assert_eq!(f, want);
+        // The sealed fragments catch a hand edit of the assembled record.
+        let fp = fingerprint::encode(&f);
+        assert!(read(&l, None, fp).is_ok());
+        let mut x = l;
+        x.gate_mode = GateMode::Interleave;
+        mismatch(read(&x, None, fp), "gate_mode");
+        // Two calls that disagree cannot be assembled.
+        let e = w13.merge(Fragment {
+            hidden_padded: Some(hp + 64),
+            ..Fragment::default()
+        });
+        assert_eq!(e.unwrap_err().status, Status::InvalidArgument);
+    }
+}
