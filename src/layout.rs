@@ -392,10 +392,12 @@ impl Fragment {
 pub struct PreparedLayout {
     pub layout: Layout,
     pub act_dtype: Option<ActDtype>,
+    /// `prep_fingerprint` as read, checked by [`PreparedLayout::check_fingerprint`].
+    pub fingerprint: u64,
 }
 
 impl PreparedLayout {
-    /// Check the 1.1 fields of a record (zero in a 1.0 one: nothing to check).
+    /// Read the 1.1 fields of a record (zero in a 1.0 one: nothing to check).
     pub fn new(
         layout: Layout,
         act_dtype: i32,
@@ -411,8 +413,23 @@ impl PreparedLayout {
                 "layout.reserved1: must be zero, got {reserved1:#x}"
             )));
         }
-        fingerprint::check(&Fragment::of_record(&layout, act_dtype), prep_fingerprint)?;
-        Ok(PreparedLayout { layout, act_dtype })
+        let prepared = PreparedLayout {
+            layout,
+            act_dtype,
+            fingerprint: prep_fingerprint,
+        };
+        if prep_fingerprint != 0 {
+            // A value no moeplug writes is refused at once; the fields are compared by
+            // `check_fingerprint`, which the launch calls after the tensors' own evidence.
+            fingerprint::decode(prep_fingerprint)?;
+        }
+        Ok(prepared)
+    }
+
+    /// LAYOUT_MISMATCH naming the first field that contradicts the fingerprint.
+    pub fn check_fingerprint(&self) -> Result<()> {
+        let record = Fragment::of_record(&self.layout, self.act_dtype);
+        fingerprint::check(&record, self.fingerprint)
     }
 
     /// The launch's act_dtype when the caller leaves it 0: the prepared one, else the

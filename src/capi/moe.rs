@@ -7,6 +7,7 @@ use super::types::{moeplug_fused_moe_args, moeplug_layout, moeplug_moe_flag};
 use crate::backend::{self, Backend};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, PreparedLayout};
+use crate::moe::check::{check_launch, check_record};
 use crate::moe::{MoeConfig, MoeLaunch};
 use crate::tensor::ElemType;
 use crate::types::{ActDtype, Activation};
@@ -83,6 +84,8 @@ fn resolve_config(
 pub unsafe fn read_config(ptr: *const moeplug_fused_moe_args) -> Result<MoeConfig> {
     let a = read_struct(ptr, "args")?;
     let layout = read_layout(a.layout, "args.layout")?;
+    // No tensors to look at: the record is compared with its fingerprint at once.
+    layout.check_fingerprint()?;
     let hidden = optional_tensor(a.hidden_states, "hidden_states")?;
     let fp16 = hidden.map(|h| h.elem == ElemType::F16).unwrap_or(false);
     resolve_config(
@@ -110,7 +113,7 @@ pub unsafe fn read_launch(ptr: *const moeplug_fused_moe_args) -> Result<MoeLaunc
         [expert_mask.is_some(), num_local_tokens.is_some()],
     )?;
     let workspace = optional_tensor(a.workspace, "workspace")?;
-    Ok(MoeLaunch {
+    let launch = MoeLaunch {
         config,
         hidden_states,
         hidden_scale: optional_tensor(a.hidden_scale, "hidden_scale")?,
@@ -127,7 +130,17 @@ pub unsafe fn read_launch(ptr: *const moeplug_fused_moe_args) -> Result<MoeLaunc
         output: tensor(a.output, "output")?,
         workspace,
         stream: a.stream as usize,
-    })
+    };
+    // Tensors that disagree with the record are reported by the backend's launch check as
+    // for a record without fingerprint; a record the tensors agree with is then compared
+    // with what preparation produced (a gate mode or layout the shapes cannot show).
+    let tensors_agree = check_record(&launch.config.layout)
+        .and_then(|_| check_launch(&launch))
+        .is_ok();
+    if tensors_agree {
+        layout.check_fingerprint()?;
+    }
+    Ok(launch)
 }
 
 /// The backend that owns the launch's memory: all tensors must live on one device.

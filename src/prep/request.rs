@@ -952,7 +952,9 @@ mod tests {
     }
 
     fn read(l: &Layout, act: Option<ActDtype>, fp: u64) -> Result<PreparedLayout> {
-        PreparedLayout::new(*l, act.map_or(0, |a| a as i32), 0, fp)
+        let p = PreparedLayout::new(*l, act.map_or(0, |a| a as i32), 0, fp)?;
+        p.check_fingerprint()?;
+        Ok(p)
     }
 
     fn mismatch(r: Result<PreparedLayout>, field: &str) {
