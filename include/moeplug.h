@@ -597,6 +597,21 @@ typedef struct moeplug_layout {
    * implicit tail padding, so a record filled by hand may hold anything here).
    */
   uint32_t reserved0;
+  /**
+   * 1.1: the `moeplug_act_dtype` the weights were prepared for (0 = any). A launch whose
+   * act_dtype is 0 uses it; a launch with another one is LAYOUT_MISMATCH.
+   */
+  int32_t act_dtype;
+  /**
+   * Reserved: written as zero; must be zero when read.
+   */
+  uint32_t reserved1;
+  /**
+   * 1.1: what preparation produced, sealed by `moeplug_prepare_moe` (docs/abi.md
+   * "Layout fingerprint"); the launch refuses a record that contradicts it with
+   * LAYOUT_MISMATCH naming the field. 0 = none (a record filled by hand; 1.0 behaviour).
+   */
+  uint64_t prep_fingerprint;
 } moeplug_layout;
 
 /**

@@ -2,7 +2,7 @@
 //! checked by the launch. Pads are derived from the sizes, never passed separately.
 
 use crate::error::{Error, Result};
-use crate::types::{GateMode, ScaleLayout, WeightFormat, WeightLayout};
+use crate::types::{ActDtype, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
 /// Core form of `moeplug_layout`, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,5 +120,340 @@ impl Layout {
     /// Trailing zero rows per half of w13 / columns of w2.
     pub fn intermediate_pad(&self) -> usize {
         self.intermediate_padded - self.intermediate_size
+    }
+}
+
+/// What one preparation primitive established about the bytes it wrote; `None` where the
+/// call cannot know (a shuffle does not know whether its tensor is w13 or w2). A record is
+/// assembled from the fragments of every call that produced its tensors ([`Fragment::merge`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fragment {
+    pub weight_format: Option<WeightFormat>,
+    pub weight_layout: Option<WeightLayout>,
+    pub scale_layout: Option<ScaleLayout>,
+    pub gate_mode: Option<GateMode>,
+    pub num_experts: Option<usize>,
+    pub hidden_size: Option<usize>,
+    pub intermediate_size: Option<usize>,
+    pub hidden_padded: Option<usize>,
+    pub intermediate_padded: Option<usize>,
+    pub has_bias: Option<bool>,
+    /// The activation dtype the preparation was made for, where it changes the layout.
+    pub act_dtype: Option<ActDtype>,
+}
+
+impl Fragment {
+    /// Every field of a complete record (what `prepare_moe` produces).
+    pub fn of_layout(l: &Layout) -> Fragment {
+        Fragment {
+            weight_format: Some(l.weight_format),
+            weight_layout: Some(l.weight_layout),
+            scale_layout: l.scale_layout,
+            gate_mode: Some(l.gate_mode),
+            num_experts: Some(l.num_experts),
+            hidden_size: Some(l.hidden_size),
+            intermediate_size: Some(l.intermediate_size),
+            hidden_padded: Some(l.hidden_padded),
+            intermediate_padded: Some(l.intermediate_padded),
+            has_bias: Some(l.has_bias),
+            act_dtype: None,
+        }
+    }
+}
+
+/// `moeplug_layout.prep_fingerprint`: what preparation produced, sealed into the record so
+/// that the launch can tell a record that contradicts it. 64 bits, decodable field by field:
+///
+/// | bits  | field |
+/// |-------|-------|
+/// | 0–3   | weight_format (0 = not produced) |
+/// | 4–5   | gate_mode |
+/// | 6–7   | weight_layout |
+/// | 8–9   | scale_layout |
+/// | 10–13 | act_dtype |
+/// | 14–15 | has_bias (0 = not produced, 1 = no, 2 = yes) |
+/// | 16–55 | 8-bit digests of num_experts, hidden_size, intermediate_size, hidden_padded, intermediate_padded (0 = not produced) |
+/// | 56–59 | zero |
+/// | 60–63 | encoding version, 1 |
+///
+/// A whole value of zero is "no fingerprint" (a 1.0 record, or one filled by hand).
+pub mod fingerprint {
+    use super::Fragment;
+    use crate::error::{Error, Result};
+    use crate::types::{ActDtype, GateMode, ScaleLayout, WeightFormat, WeightLayout};
+
+    const VERSION: u64 = 1;
+    const SIZE_FIELDS: [&str; 5] = [
+        "num_experts",
+        "hidden_size",
+        "intermediate_size",
+        "hidden_padded",
+        "intermediate_padded",
+    ];
+
+    /// 1..=255 for a size (0 marks "not produced"): a changed size goes unnoticed with
+    /// probability 1/255.
+    pub fn digest(v: usize) -> u64 {
+        // splitmix64's finalizer: every input bit moves every output bit.
+        let mut z = (v as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        1 + z % 255
+    }
+
+    fn sizes(f: &Fragment) -> [Option<usize>; 5] {
+        [
+            f.num_experts,
+            f.hidden_size,
+            f.intermediate_size,
+            f.hidden_padded,
+            f.intermediate_padded,
+        ]
+    }
+
+    /// The fingerprint of a fragment; 0 only for an empty one.
+    pub fn encode(f: &Fragment) -> u64 {
+        let e = |v: Option<i32>| v.map_or(0, |v| v as u64);
+        let mut x = e(f.weight_format.map(|v| v as i32))
+            | e(f.gate_mode.map(|v| v as i32)) << 4
+            | e(f.weight_layout.map(|v| v as i32)) << 6
+            | e(f.scale_layout.map(|v| v as i32)) << 8
+            | e(f.act_dtype.map(|v| v as i32)) << 10
+            | f.has_bias.map_or(0, |b| 1 + b as u64) << 14;
+        for (i, s) in sizes(f).iter().enumerate() {
+            x |= s.map_or(0, digest) << (16 + 8 * i);
+        }
+        if x == 0 {
+            return 0;
+        }
+        x | VERSION << 60
+    }
+
+    /// What a fingerprint says was produced: enums in full, sizes as digests
+    /// (`[num_experts, hidden_size, intermediate_size, hidden_padded, intermediate_padded]`,
+    /// 0 = not produced). INVALID_ARGUMENT for a value no version of moeplug writes.
+    pub fn decode(x: u64) -> Result<(Fragment, [u64; 5])> {
+        let bad = |why: &str| {
+            Error::invalid(format!(
+                "layout.prep_fingerprint: {x:#018x} is not a moeplug fingerprint ({why}); \
+                 write 0 in a record filled by hand"
+            ))
+        };
+        if x >> 60 != VERSION {
+            return Err(bad("unknown encoding version"));
+        }
+        if (x >> 56) & 0xF != 0 {
+            return Err(bad("reserved bits set"));
+        }
+        let field = |shift: u32, bits: u32| ((x >> shift) & ((1 << bits) - 1)) as i32;
+        fn opt<T>(raw: i32, parse: impl FnOnce(i32) -> Result<T>) -> Result<Option<T>> {
+            if raw == 0 {
+                Ok(None)
+            } else {
+                parse(raw).map(Some)
+            }
+        }
+        let name = "layout.prep_fingerprint";
+        let f = Fragment {
+            weight_format: opt(field(0, 4), |r| WeightFormat::from_raw(name, r))?,
+            gate_mode: opt(field(4, 2), |r| GateMode::from_raw(name, r))?,
+            weight_layout: opt(field(6, 2), |r| WeightLayout::from_raw(name, r))?,
+            scale_layout: opt(field(8, 2), |r| ScaleLayout::from_raw(name, r))?,
+            act_dtype: opt(field(10, 4), |r| ActDtype::from_raw(name, r))?,
+            has_bias: match field(14, 2) {
+                0 => None,
+                1 => Some(false),
+                2 => Some(true),
+                _ => return Err(bad("has_bias code 3")),
+            },
+            ..Fragment::default()
+        };
+        let mut digests = [0u64; 5];
+        for (i, d) in digests.iter_mut().enumerate() {
+            *d = (x >> (16 + 8 * i)) & 0xFF;
+        }
+        Ok((f, digests))
+    }
+
+    /// LAYOUT_MISMATCH naming the first field of `record` that contradicts the fingerprint
+    /// `x` (0: nothing to check). `record` is the record as read, its act_dtype included.
+    pub fn check(record: &Fragment, x: u64) -> Result<()> {
+        if x == 0 {
+            return Ok(());
+        }
+        let (made, digests) = decode(x)?;
+        fn same<T: PartialEq + Copy>(
+            name: &str,
+            made: Option<T>,
+            got: Option<T>,
+            label: impl Fn(Option<T>) -> String,
+        ) -> Result<()> {
+            if made.is_some() && made != got {
+                return Err(Error::mismatch(format!(
+                    "layout.{name}: the record says {}, but preparation produced {} \
+                     (layout.prep_fingerprint)",
+                    label(got),
+                    label(made)
+                )));
+            }
+            Ok(())
+        }
+        let l = |o: Option<&'static str>| o.unwrap_or("none").to_string();
+        same(
+            "weight_format",
+            made.weight_format,
+            record.weight_format,
+            |v| l(v.map(|v| v.label())),
+        )?;
+        same("gate_mode", made.gate_mode, record.gate_mode, |v| {
+            l(v.map(|v| v.label()))
+        })?;
+        same(
+            "weight_layout",
+            made.weight_layout,
+            record.weight_layout,
+            |v| l(v.map(|v| v.label())),
+        )?;
+        same(
+            "scale_layout",
+            made.scale_layout,
+            record.scale_layout,
+            |v| l(v.map(|v| v.label())),
+        )?;
+        same("act_dtype", made.act_dtype, record.act_dtype, |v| {
+            l(v.map(|v| v.label()))
+        })?;
+        same("flags", made.has_bias, record.has_bias, |v| match v {
+            Some(true) => "HAS_BIAS".to_string(),
+            Some(false) => "no HAS_BIAS".to_string(),
+            None => "none".to_string(),
+        })?;
+        for ((name, want), got) in SIZE_FIELDS.iter().zip(digests).zip(sizes(record)) {
+            if want != 0 && got.map(digest) != Some(want) {
+                return Err(Error::mismatch(format!(
+                    "layout.{name}: {} differs from the size preparation produced \
+                     (layout.prep_fingerprint)",
+                    got.map_or("none".to_string(), |v| v.to_string())
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Fragment {
+    /// Combine what two calls produced; a field both set differently is INVALID_ARGUMENT
+    /// naming it (the two calls prepared for different layouts).
+    pub fn merge(self, other: Fragment) -> Result<Fragment> {
+        fn one<T: PartialEq + Copy + std::fmt::Debug>(
+            name: &str,
+            a: Option<T>,
+            b: Option<T>,
+        ) -> Result<Option<T>> {
+            match (a, b) {
+                (Some(x), Some(y)) if x != y => Err(Error::invalid(format!(
+                    "layout.{name}: one preparation produced {x:?}, another {y:?}"
+                ))),
+                (Some(x), _) => Ok(Some(x)),
+                (None, y) => Ok(y),
+            }
+        }
+        Ok(Fragment {
+            weight_format: one("weight_format", self.weight_format, other.weight_format)?,
+            weight_layout: one("weight_layout", self.weight_layout, other.weight_layout)?,
+            scale_layout: one("scale_layout", self.scale_layout, other.scale_layout)?,
+            gate_mode: one("gate_mode", self.gate_mode, other.gate_mode)?,
+            num_experts: one("num_experts", self.num_experts, other.num_experts)?,
+            hidden_size: one("hidden_size", self.hidden_size, other.hidden_size)?,
+            intermediate_size: one(
+                "intermediate_size",
+                self.intermediate_size,
+                other.intermediate_size,
+            )?,
+            hidden_padded: one("hidden_padded", self.hidden_padded, other.hidden_padded)?,
+            intermediate_padded: one(
+                "intermediate_padded",
+                self.intermediate_padded,
+                other.intermediate_padded,
+            )?,
+            has_bias: one("has_bias", self.has_bias, other.has_bias)?,
+            act_dtype: one("act_dtype", self.act_dtype, other.act_dtype)?,
+        })
+    }
+
+    /// The fields a record holds (`act_dtype` as recorded, None = any).
+    pub fn of_record(l: &Layout, act_dtype: Option<ActDtype>) -> Fragment {
+        Fragment {
+            act_dtype,
+            ..Fragment::of_layout(l)
+        }
+    }
+}
+
+/// A record as the launch reads it: the layout, the activation dtype it was prepared for,
+/// and its fingerprint checked against the fields ([`fingerprint::check`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PreparedLayout {
+    pub layout: Layout,
+    pub act_dtype: Option<ActDtype>,
+    /// `prep_fingerprint` as read, checked by [`PreparedLayout::check_fingerprint`].
+    pub fingerprint: u64,
+}
+
+impl PreparedLayout {
+    /// Read the 1.1 fields of a record (zero in a 1.0 one: nothing to check).
+    pub fn new(
+        layout: Layout,
+        act_dtype: i32,
+        reserved1: u32,
+        prep_fingerprint: u64,
+    ) -> Result<PreparedLayout> {
+        let act_dtype = match act_dtype {
+            0 => None,
+            r => Some(ActDtype::from_raw("layout.act_dtype", r)?),
+        };
+        if reserved1 != 0 {
+            return Err(Error::invalid(format!(
+                "layout.reserved1: must be zero, got {reserved1:#x}"
+            )));
+        }
+        let prepared = PreparedLayout {
+            layout,
+            act_dtype,
+            fingerprint: prep_fingerprint,
+        };
+        if prep_fingerprint != 0 {
+            // A value no moeplug writes is refused at once; the fields are compared by
+            // `check_fingerprint`, which the launch calls after the tensors' own evidence.
+            fingerprint::decode(prep_fingerprint)?;
+        }
+        Ok(prepared)
+    }
+
+    /// LAYOUT_MISMATCH naming the first field that contradicts the fingerprint.
+    pub fn check_fingerprint(&self) -> Result<()> {
+        let record = Fragment::of_record(&self.layout, self.act_dtype);
+        fingerprint::check(&record, self.fingerprint)
+    }
+
+    /// The launch's act_dtype when the caller leaves it 0: the prepared one, else the
+    /// format's default.
+    pub fn default_act_dtype(&self, input_is_fp16: bool) -> ActDtype {
+        self.act_dtype
+            .unwrap_or_else(|| ActDtype::default_for(self.layout.weight_format, input_is_fp16))
+    }
+
+    /// A launch with another activation dtype than the one the weights were prepared for is
+    /// LAYOUT_MISMATCH.
+    pub fn check_act_dtype(&self, act: ActDtype) -> Result<()> {
+        match self.act_dtype {
+            Some(p) if p != act => Err(Error::mismatch(format!(
+                "layout.act_dtype: the weights were prepared for {}, the launch uses {}",
+                p.label(),
+                act.label()
+            ))),
+            _ => Ok(()),
+        }
     }
 }

@@ -248,3 +248,12 @@ impl Activation {
         }
     }
 }
+
+/// An enum field where 0 means `default`.
+pub fn enum_or<T>(raw: i32, default: T, parse: impl FnOnce(i32) -> Result<T>) -> Result<T> {
+    if raw == 0 {
+        Ok(default)
+    } else {
+        parse(raw)
+    }
+}

@@ -155,6 +155,9 @@ impl Tiny {
                 intermediate_padded: 1,
                 flags: 0,
                 reserved0: 0,
+                act_dtype: 0,
+                reserved1: 0,
+                prep_fingerprint: 0,
             },
             shapes: vec![
                 vec![mi, 1],

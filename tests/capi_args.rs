@@ -29,6 +29,10 @@ fn layout() -> moeplug_layout {
         intermediate_padded: 32,
         flags: 0,
         reserved0: 0,
+        // 1.1 fields: a record filled by hand has no fingerprint.
+        act_dtype: 0,
+        reserved1: 0,
+        prep_fingerprint: 0,
     }
 }
 

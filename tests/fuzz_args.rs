@@ -134,6 +134,10 @@ fn rand_layout(rng: &mut Rng) -> moeplug_layout {
         flags: rng.pick(&[0u32, 1, 2, 0xFFFF_FFFF]),
         // Ignored when read: a 1.0 header left it padding.
         reserved0: rng.pick(&[0u32, 0xAAAA_AAAA]),
+        // 1.1 fields: a record filled by hand has no fingerprint.
+        act_dtype: 0,
+        reserved1: 0,
+        prep_fingerprint: 0,
     }
 }
 

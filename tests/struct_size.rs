@@ -231,6 +231,7 @@ fn output_rule<T: Copy + Debug>(
     what: &str,
     v1: u32,
     reserved: &[Range<usize>],
+    nested_size_at: Option<usize>,
     mut call: impl FnMut(*mut T) -> (moeplug_status, String),
 ) -> T {
     let known = size_of::<T>();
@@ -251,17 +252,17 @@ fn output_rule<T: Copy + Debug>(
         at_v1.guard_intact(),
         "{what} at 1.0 size: written past struct_size"
     );
-    // The 1.0 fields as the full-size call wrote them (a struct grown since 1.0, like
-    // moeplug_caps, has more fields past them: not written at the 1.0 size).
-    let bytes = |x: &T| -> Vec<u8> {
-        // SAFETY: T is plain data of size_of::<T>() bytes.
-        let all = unsafe { std::slice::from_raw_parts(x as *const T as *const u8, known) };
-        all[4..v1].to_vec()
-    };
+    // A 1.0 caller gets the 1.0 prefix of the current struct, its `struct_size` (and that of
+    // a nested record, clamped to the room left) saying how much was filled.
+    let mut expect = reference.bytes()[..v1].to_vec();
+    expect[..4].copy_from_slice(&(v1 as u32).to_le_bytes());
+    if let Some(at) = nested_size_at {
+        expect[at..at + 4].copy_from_slice(&((v1 - at) as u32).to_le_bytes());
+    }
     assert_eq!(
-        bytes(&at_v1.read::<T>()),
-        bytes(&want),
-        "{what} at 1.0 size: {want:?}"
+        at_v1.bytes()[..v1],
+        expect[..],
+        "{what} at 1.0 size: not the 1.0 prefix of the current struct"
     );
     assert_eq!(
         at_v1.read::<u32>() as usize,
@@ -563,6 +564,7 @@ fn prepare_moe_sizes() {
         "out",
         MOEPLUG_PREPARE_MOE_SIZES_OUT_SIZE_V1_0,
         &reserved_sizes_out(),
+        Some(std::mem::offset_of!(moeplug_prepare_moe_sizes_out, layout)),
         |out: *mut moeplug_prepare_moe_sizes_out| {
             (
                 unsafe { moeplug_prepare_moe_sizes(&base, out) },
@@ -570,7 +572,11 @@ fn prepare_moe_sizes() {
             )
         },
     );
-    assert_eq!(sizes.layout.struct_size, MOEPLUG_LAYOUT_SIZE_V1_0);
+    // A current caller gets the current record (a 1.0 caller the 1.0 one: checked above).
+    assert_eq!(
+        sizes.layout.struct_size as usize,
+        size_of::<moeplug_layout>()
+    );
     assert_eq!(sizes.w13_shape[..3], [E as i64, 2 * I as i64, H as i64]);
 }
 
@@ -639,6 +645,7 @@ fn prepare_moe() {
         "out_layout",
         MOEPLUG_LAYOUT_SIZE_V1_0,
         &reserved_layout(0),
+        None,
         |out| {
             a.out_layout = out;
             (
@@ -653,7 +660,7 @@ fn prepare_moe() {
 
 #[test]
 fn get_caps() {
-    let caps = output_rule("out", MOEPLUG_CAPS_SIZE_V1_0, &[], |out| {
+    let caps = output_rule("out", MOEPLUG_CAPS_SIZE_V1_0, &[], None, |out| {
         (unsafe { moeplug_get_caps(1, 0, out) }, last_error())
     });
     assert_eq!(caps.backend, moeplug_backend::Cpu as i32);

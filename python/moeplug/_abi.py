@@ -125,6 +125,9 @@ class Layout(_Sized):
         ("intermediate_padded", c_int64),
         ("flags", c_uint32),
         ("reserved0", c_uint32),
+        ("act_dtype", c_int32),
+        ("reserved1", c_uint32),
+        ("prep_fingerprint", c_uint64),
     ]
 
 

@@ -146,6 +146,25 @@ def test_layout_mismatch_is_reported_not_computed():
     assert "got [8, 128, 128]" in info.value.message
 
 
+def test_a_prepared_record_edited_by_hand_is_refused_naming_the_field():
+    rng = np.random.default_rng(9)
+    w13, w2 = random_layer(rng)
+    p = moeplug.prepare_moe(w13, w2, weight_format="bf16")
+    assert p.layout.prep_fingerprint != 0
+    x = rng.standard_normal((3, 128)).astype(ml_dtypes.bfloat16)
+    ids, wts = routing(rng, 3, 8, 2)
+    wrong = copy.copy(p)
+    wrong.layout = type(p.layout).from_buffer_copy(p.layout)
+    wrong.layout.gate_mode = 2  # INTERLEAVE: the shapes cannot show it, the fingerprint does
+    with pytest.raises(moeplug.MoeplugError) as info:
+        moeplug.fused_moe(x, wrong, wts, ids)
+    assert info.value.name == "MOEPLUG_LAYOUT_MISMATCH"
+    assert "layout.gate_mode: the record says interleave, but preparation produced separated" in info.value.message
+    # Without a fingerprint (a record filled by hand) the same record runs as in 1.0.
+    wrong.layout.prep_fingerprint = 0
+    moeplug.fused_moe(x, wrong, wts, ids)
+
+
 def test_check_fused_moe_says_why():
     rng = np.random.default_rng(10)
     w13, w2 = random_layer(rng)

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::moe::{MoeConfig, MoeLaunch};
+use crate::prep::request::PrepJob;
 use crate::tensor::DeviceKind;
 use crate::types::BackendKind;
 
@@ -113,6 +114,19 @@ pub trait Backend: Send + Sync {
         self.check(&launch.config)?;
         Err(Error::unsupported(format!(
             "fused_moe is not implemented by the {} backend yet",
+            self.kind().label()
+        )))
+    }
+
+    /// Run a checked prep job (`crate::prep::request`) whose memory this backend owns; device
+    /// work is queued on `stream` (the caller's handle, 0 = default stream).
+    ///
+    /// # Safety
+    /// As [`PrepJob::run`]: the job's tensors name live memory of their sizes.
+    unsafe fn run_prep(&self, job: &PrepJob, stream: usize) -> Result<()> {
+        let _ = (job, stream);
+        Err(Error::unsupported(format!(
+            "weight preparation is not implemented by the {} backend",
             self.kind().label()
         )))
     }

@@ -161,6 +161,7 @@ output!(
     moeplug_layout {
         struct_size, weight_format, gate_mode, weight_layout, scale_layout, num_experts,
         hidden_size, intermediate_size, hidden_padded, intermediate_padded, flags, reserved0,
+        act_dtype, reserved1, prep_fingerprint,
     }
     moeplug_prepare_moe_sizes_out {
         struct_size,
@@ -301,14 +302,7 @@ pub unsafe fn tensor(ptr: *const moeplug_tensor, name: &'static str) -> Result<T
     optional_tensor(ptr, name)?.ok_or_else(|| Error::invalid(format!("{name}: must not be NULL")))
 }
 
-/// An enum field where 0 means `default`.
-pub fn enum_or<T>(raw: i32, default: T, parse: impl FnOnce(i32) -> Result<T>) -> Result<T> {
-    if raw == 0 {
-        Ok(default)
-    } else {
-        parse(raw)
-    }
-}
+pub use crate::types::enum_or;
 
 /// A non-zero-means-true flag field.
 pub fn flag(raw: i32) -> bool {

@@ -6,7 +6,8 @@ use super::args::{enum_or, optional_tensor, read_struct, tensor};
 use super::types::{moeplug_fused_moe_args, moeplug_layout, moeplug_moe_flag};
 use crate::backend::{self, Backend};
 use crate::error::{Error, Result};
-use crate::layout::Layout;
+use crate::layout::{Layout, PreparedLayout};
+use crate::moe::check::{check_launch, check_record};
 use crate::moe::{MoeConfig, MoeLaunch};
 use crate::tensor::ElemType;
 use crate::types::{ActDtype, Activation};
@@ -16,9 +17,9 @@ pub(crate) const FLAG_ROUTER_WEIGHT_ON_INPUT: u32 = moeplug_moe_flag::RouterWeig
 
 /// # Safety
 /// `ptr` is NULL or a readable `moeplug_layout` of `struct_size` bytes.
-pub unsafe fn read_layout(ptr: *const moeplug_layout, name: &str) -> Result<Layout> {
+pub unsafe fn read_layout(ptr: *const moeplug_layout, name: &str) -> Result<PreparedLayout> {
     let l = read_struct(ptr, name)?;
-    Layout::new(
+    let layout = Layout::new(
         l.weight_format,
         l.gate_mode,
         l.weight_layout,
@@ -31,23 +32,26 @@ pub unsafe fn read_layout(ptr: *const moeplug_layout, name: &str) -> Result<Layo
             l.intermediate_padded,
         ],
         l.flags,
-    )
+    )?;
+    PreparedLayout::new(layout, l.act_dtype, l.reserved1, l.prep_fingerprint)
 }
 
 fn resolve_config(
     a: &moeplug_fused_moe_args,
-    layout: Layout,
+    prepared: PreparedLayout,
     input_is_fp16: bool,
     has: [bool; 2],
 ) -> Result<MoeConfig> {
+    let layout = prepared.layout;
     let activation = enum_or(a.activation, Activation::Silu, |v| {
         Activation::from_raw("activation", v)
     })?;
     let act_dtype = enum_or(
         a.act_dtype,
-        ActDtype::default_for(layout.weight_format, input_is_fp16),
+        prepared.default_act_dtype(input_is_fp16),
         |v| ActDtype::from_raw("act_dtype", v),
     )?;
+    prepared.check_act_dtype(act_dtype)?;
     if !a.alpha.is_finite() || !a.limit.is_finite() || a.limit < 0.0 {
         return Err(Error::invalid(format!(
             "alpha/limit: expected finite values with limit >= 0, got alpha {} limit {}",
@@ -80,6 +84,8 @@ fn resolve_config(
 pub unsafe fn read_config(ptr: *const moeplug_fused_moe_args) -> Result<MoeConfig> {
     let a = read_struct(ptr, "args")?;
     let layout = read_layout(a.layout, "args.layout")?;
+    // No tensors to look at: the record is compared with its fingerprint at once.
+    layout.check_fingerprint()?;
     let hidden = optional_tensor(a.hidden_states, "hidden_states")?;
     let fp16 = hidden.map(|h| h.elem == ElemType::F16).unwrap_or(false);
     resolve_config(
@@ -107,7 +113,7 @@ pub unsafe fn read_launch(ptr: *const moeplug_fused_moe_args) -> Result<MoeLaunc
         [expert_mask.is_some(), num_local_tokens.is_some()],
     )?;
     let workspace = optional_tensor(a.workspace, "workspace")?;
-    Ok(MoeLaunch {
+    let launch = MoeLaunch {
         config,
         hidden_states,
         hidden_scale: optional_tensor(a.hidden_scale, "hidden_scale")?,
@@ -124,7 +130,17 @@ pub unsafe fn read_launch(ptr: *const moeplug_fused_moe_args) -> Result<MoeLaunc
         output: tensor(a.output, "output")?,
         workspace,
         stream: a.stream as usize,
-    })
+    };
+    // Tensors that disagree with the record are reported by the backend's launch check as
+    // for a record without fingerprint; a record the tensors agree with is then compared
+    // with what preparation produced (a gate mode or layout the shapes cannot show).
+    let tensors_agree = check_record(&launch.config.layout)
+        .and_then(|_| check_launch(&launch))
+        .is_ok();
+    if tensors_agree {
+        layout.check_fingerprint()?;
+    }
+    Ok(launch)
 }
 
 /// The backend that owns the launch's memory: all tensors must live on one device.

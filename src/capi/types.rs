@@ -118,6 +118,15 @@ pub struct moeplug_layout {
     /// Reserved: written as zero, ignored when read (1.0 headers left these 4 bytes as
     /// implicit tail padding, so a record filled by hand may hold anything here).
     pub reserved0: u32,
+    /// 1.1: the `moeplug_act_dtype` the weights were prepared for (0 = any). A launch whose
+    /// act_dtype is 0 uses it; a launch with another one is LAYOUT_MISMATCH.
+    pub act_dtype: i32,
+    /// Reserved: written as zero; must be zero when read.
+    pub reserved1: u32,
+    /// 1.1: what preparation produced, sealed by `moeplug_prepare_moe` (docs/abi.md
+    /// "Layout fingerprint"); the launch refuses a record that contradicts it with
+    /// LAYOUT_MISMATCH naming the field. 0 = none (a record filled by hand; 1.0 behaviour).
+    pub prep_fingerprint: u64,
 }
 
 /// What a device can do. The caller sets `struct_size`; the library fills the rest.

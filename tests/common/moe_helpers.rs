@@ -162,6 +162,10 @@ pub fn layout(
         intermediate_padded: sizes[3] as i64,
         flags: has_bias as u32,
         reserved0: 0,
+        // 1.1 fields: a record filled by hand has no fingerprint.
+        act_dtype: 0,
+        reserved1: 0,
+        prep_fingerprint: 0,
     }
 }
 

@@ -12,6 +12,7 @@ use super::{check_against_caps, Backend, Caps};
 use crate::error::Result;
 use crate::moe::check::{check_launch, check_record};
 use crate::moe::{MoeConfig, MoeLaunch};
+use crate::prep::request::PrepJob;
 use crate::types::BackendKind;
 
 pub struct CpuBackend;
@@ -53,6 +54,11 @@ impl Backend for CpuBackend {
         self.check(&launch.config)?;
         let shape = check_launch(launch)?;
         kernel::fused_moe(launch, &shape)
+    }
+
+    /// Host memory: the steps run on the calling thread (and its workers); no stream.
+    unsafe fn run_prep(&self, job: &PrepJob, _stream: usize) -> Result<()> {
+        crate::prep::request::run_host(job)
     }
 }
 

@@ -501,6 +501,16 @@ impl Backend for GpuBackend {
             "moe_reduce",
         )
     }
+
+    /// The prep steps as kernels on the caller's stream (`prep`): no allocation, no sync.
+    unsafe fn run_prep(&self, job: &crate::prep::request::PrepJob, stream: usize) -> Result<()> {
+        prep::run_job(
+            self.api.vendor,
+            self.device_id,
+            stream as *mut std::ffi::c_void,
+            job,
+        )
+    }
 }
 
 /// Cold compile statistics for `describe`.

@@ -2,7 +2,7 @@
 //! [`Step`]s of `crate::prep::steps` and the MX quantizer on the caller's stream. Nothing is
 //! allocated, nothing synchronized, no device memory is read by the host: every call is a
 //! few kernel launches, capturable in a graph. Validation happens before, in the same code
-//! as for host tensors (`capi::prep`); this module only executes.
+//! as for host tensors (`crate::prep::request`); this module only executes.
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
@@ -13,9 +13,10 @@ use once_cell::sync::Lazy;
 use super::driver::Handle;
 use super::{GpuBackend, Vendor};
 use crate::error::{Error, Result};
+use crate::prep::request::{PrepJob, PrepOp};
 use crate::prep::steps::{RowMap, Step, Writer};
 use crate::quant::MxDtype;
-use crate::tensor::{DeviceKind, Tensor};
+use crate::tensor::{ElemType, Tensor};
 use crate::types::RoundMode;
 
 /// Threads per block of every prep kernel (`PREP_THREADS` in prep.cu).
@@ -66,46 +67,6 @@ unsafe impl Send for PrepKernels {}
 
 static KERNELS: Lazy<Mutex<HashMap<(Vendor, i32), PrepKernels>>> =
     Lazy::new(|| Mutex::new(HashMap::new()));
-
-/// The vendor whose runtime serves memory of `kind` (None for host memory).
-fn vendor_of(kind: DeviceKind) -> Option<Vendor> {
-    match kind {
-        DeviceKind::Cuda | DeviceKind::CudaManaged => Some(Vendor::Cuda),
-        DeviceKind::Rocm => Some(Vendor::Hip),
-        _ => None,
-    }
-}
-
-/// Where a prep call runs: None when every tensor is host memory, else the one device all
-/// of them are on. A mix is INVALID_ARGUMENT naming the first tensor that differs.
-pub fn location(tensors: &[&Tensor]) -> Result<Option<(Vendor, i32)>> {
-    let Some(first) = tensors.iter().find(|t| !t.device.is_host()) else {
-        return Ok(None);
-    };
-    let vendor = vendor_of(first.device);
-    for t in tensors {
-        if vendor_of(t.device) != vendor || t.device_id != first.device_id {
-            return Err(Error::invalid(format!(
-                "{}: expected device {}:{} like {} (inputs and outputs of a prep call must be \
-                 on one device), got {}:{}",
-                t.name,
-                first.device.name(),
-                first.device_id,
-                first.name,
-                t.device.name(),
-                t.device_id
-            )));
-        }
-    }
-    match vendor {
-        Some(v) => Ok(Some((v, first.device_id))),
-        None => Err(Error::unsupported(format!(
-            "{}: device {} is not supported by prep",
-            first.name,
-            first.device.name()
-        ))),
-    }
-}
 
 /// A device's backend and its prep kernels (compiled once per process and device).
 fn open(vendor: Vendor, device_id: i32) -> Result<(Arc<GpuBackend>, PrepKernels)> {
@@ -251,6 +212,50 @@ pub fn run_steps(
     let _ctx = dev.enter()?;
     for (step, src, dst) in steps {
         launch_step(&dev, &k, stream as Handle, step, *src, *dst)?;
+    }
+    Ok(())
+}
+
+/// Run a checked job (`crate::prep::request`) on one device's stream: each step as one
+/// kernel, the quantizer as one or two.
+pub fn run_job(vendor: Vendor, device_id: i32, stream: *mut c_void, job: &PrepJob) -> Result<()> {
+    let t = &job.tensors;
+    for op in &job.ops {
+        match *op {
+            PrepOp::Step { step, src, dst } => run_steps(
+                vendor,
+                device_id,
+                stream,
+                &[(step, t[src].ptr as u64, t[dst].ptr as u64)],
+            )?,
+            PrepOp::QuantizeMx(q) => {
+                // The kernel's source-type codes (QuantParams.src_type in prep.cu).
+                let src_type = match t[q.src].elem {
+                    ElemType::F32 => 0,
+                    ElemType::Bf16 => 1,
+                    _ => 2,
+                };
+                let ks = q.k / 32;
+                let sn = if q.shuffled {
+                    crate::prep::scale::f3_shape(q.rows, ks)[1]
+                } else {
+                    0
+                };
+                quantize_mx(
+                    vendor,
+                    device_id,
+                    stream,
+                    &t[q.src],
+                    src_type,
+                    &t[q.q],
+                    &t[q.scale],
+                    ks,
+                    sn,
+                    q.mode,
+                    q.dtype,
+                )?
+            }
+        }
     }
     Ok(())
 }
