@@ -392,10 +392,10 @@ __device__ void moe_gemm_tc(const Params& p) {
     }
 }
 
-// An explicit register budget: two blocks per SM (the hi/lo split paths need more registers:
-// one). Without it ptxas picked ~80 registers for some configurations and spilled (the
-// compile check fails on any spill).
-#if SPLIT_A || SPLIT_B
+// An explicit register budget: two blocks per SM (the hi/lo split paths and MXFP8 need more
+// registers: one). Without it ptxas picked ~80 registers for some configurations and spilled
+// (the compile check fails on any spill).
+#if SPLIT_A || SPLIT_B || WFMT == WF_MXFP8
 #define T32_MIN_BLOCKS 1
 #else
 #define T32_MIN_BLOCKS 2
