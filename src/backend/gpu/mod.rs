@@ -361,6 +361,12 @@ impl GpuBackend {
             quant1: get(c"moe_quant1")?,
             quant2: get(c"moe_quant2")?,
         };
+        let shared = spec.dynamic_shared_bytes();
+        if shared > 48 * 1024 {
+            for f in [k.stage1, k.stage2] {
+                self.api.set_max_dynamic_shared(f, shared)?;
+            }
+        }
         map.insert(defines, k);
         Ok(k)
     }
@@ -453,6 +459,8 @@ impl Backend for GpuBackend {
         let rows = |n: usize| (n as u32, 1);
         let pairs = plan.m * plan.topk;
         let gemm = |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, what);
+        let shared = plan.spec.dynamic_shared_bytes() as u32;
+        let stage = |f, grid, what| self.launch(f, grid, launch::THREADS, shared, stream, &p, what);
         self.launch(
             k.route,
             (1, 1),
@@ -468,7 +476,7 @@ impl Backend for GpuBackend {
         if act.is_quantized() {
             gemm(k.quant1, rows(plan.m), "moe_quant1")?;
         }
-        gemm(
+        stage(
             k.stage1,
             (tiles, c.intermediate_size.div_ceil(n1) as u32),
             "moe_stage1",
@@ -479,7 +487,7 @@ impl Backend for GpuBackend {
         if act.is_quantized() {
             gemm(k.quant2, rows(pairs), "moe_quant2")?;
         }
-        gemm(
+        stage(
             k.stage2,
             (tiles, c.hidden_size.div_ceil(n2) as u32),
             "moe_stage2",

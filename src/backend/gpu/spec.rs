@@ -88,6 +88,12 @@ impl KernelSpec {
         }
     }
 
+    /// Dynamic shared memory of each GEMM block (none today: every family's shared memory
+    /// is static, under the 48 KiB default).
+    pub fn dynamic_shared_bytes(&self) -> usize {
+        0
+    }
+
     /// Output columns (weight rows) one block of stage 1 / stage 2 covers.
     pub fn block_columns(&self) -> (usize, usize) {
         match self.family {
