@@ -44,7 +44,7 @@ fn every_selectable_kernel_compiles_without_spills() {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(spec) = specs.get(i) else { break };
-                    let r = cache::compile_check(&rtc, arch, &spec.defines());
+                    let r = cache::compile_check(&rtc, &spec.compile_arch(arch), &spec.defines());
                     results.lock().unwrap().push((i, r));
                 });
             }

@@ -18,7 +18,19 @@ use crate::types::{ActDtype, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 /// pairs per expert is 8 % faster on tile32, MXFP4 and fp8 2.4-2.8x faster on stream.
 pub const STREAM_MAX_PAIRS_PER_EXPERT: [usize; 2] = [32, 16];
 
-/// `MOEPLUG_GPU_FAMILY=fp32|tile32|stream`: a diagnostic preference (benchmarks and tests
+/// Average pairs per local expert from which the wgmma family runs (where it covers the
+/// configuration): its 128-row tiles waste less than half a tile per expert from here.
+pub const WGMMA_MIN_PAIRS_PER_EXPERT: usize = 64;
+
+/// `MOEPLUG_WGMMA_N=128|256`: a diagnostic override of the wgmma family's block width.
+static WGMMA_N_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| {
+    std::env::var("MOEPLUG_WGMMA_N")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|n| [128, 256].contains(n))
+});
+
+/// `MOEPLUG_GPU_FAMILY=fp32|tile32|stream|wgmma`: a diagnostic preference (benchmarks and tests
 /// run every family on the same shapes); a family that cannot run a launch is never forced.
 static PREFERENCE: Lazy<Option<Family>> = Lazy::new(|| {
     std::env::var("MOEPLUG_GPU_FAMILY")
@@ -106,12 +118,79 @@ pub fn stream_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Opt
     None
 }
 
+/// Why the wgmma family cannot be compiled for this configuration on `sm`, or None.
+pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str> {
+    use ActDtype as A;
+    use WeightFormat as W;
+    if sm != 90 {
+        return Some("needs sm_90a (wgmma)");
+    }
+    if !matches!(spec.gate_mode, GateMode::Separated | GateMode::Interleave) {
+        return Some("gate modes SEPARATED and INTERLEAVE only");
+    }
+    if spec.fp8_fnuz {
+        return Some("the fp8 wgmma takes OCP e4m3fn");
+    }
+    let act16 = |a: ActDtype, f16: bool| spec.act_dtype == a && spec.in_f16 == f16;
+    let format_ok = match spec.weight_format {
+        W::Bf16 => act16(A::Bf16, false),
+        W::Fp16 => act16(A::Fp16, true),
+        W::Fp8PerTensor | W::Fp8PerChannel => {
+            matches!(spec.act_dtype, A::Fp8PerToken | A::Fp8PerTensor)
+        }
+        // Block scales are folded into the accumulator once per 128-wide step: the partial
+        // sums need the registers a 256-row block would take.
+        W::Fp8Block128 => spec.act_dtype == A::Fp8Block128 && spec.wgmma_n == 128,
+        W::Mxfp4 | W::Mxfp8 => false,
+    };
+    if !format_ok {
+        return Some("format / activation dtype pairing not covered");
+    }
+    if !matches!(spec.wgmma_n, 128 | 256) {
+        return Some("128 or 256 weight rows per block");
+    }
+    None
+}
+
+/// Why the wgmma family cannot run this launch (configuration, then sizes and alignment),
+/// or None if it can.
+pub fn wgmma_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Option<&'static str> {
+    if let Some(why) = wgmma_spec_unsupported(sm, spec) {
+        return Some(why);
+    }
+    let l = &launch.config.layout;
+    // 16-byte copies: a copy never straddles the last real column, weight rows are whole
+    // copies, and AITER 16-row groups of the up half start on a group.
+    let v = if spec.act_dtype.is_quantized() { 16 } else { 8 };
+    let sizes = [
+        l.hidden_size,
+        l.intermediate_size,
+        l.hidden_padded,
+        l.intermediate_padded,
+    ];
+    if sizes.iter().any(|s| s % v != 0) || l.intermediate_padded % 16 != 0 {
+        return Some("hidden / intermediate sizes not multiples of the 16-byte copy");
+    }
+    // Each 64-column half of a stage-1 block must sit in one 128-row scale block.
+    if spec.weight_format == WeightFormat::Fp8Block128 && l.intermediate_padded % 64 != 0 {
+        return Some("intermediate_padded not a multiple of 64 for block-128 scales");
+    }
+    if !spec.act_dtype.is_quantized() {
+        let x = &launch.hidden_states;
+        if (x.dim(1) * 2) % 16 != 0 || (x.ptr as usize) % 16 != 0 {
+            return Some("hidden_states rows are not 16-byte aligned");
+        }
+    }
+    None
+}
+
 /// Whether `choose` can return `family` for some launch of this configuration on `sm`.
 pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
     match spec.family {
         Family::Fp32 => sm < 80,
         Family::Tile32 => sm >= 80,
         Family::Stream => stream_spec_unsupported(sm, spec).is_none(),
+        Family::Wgmma => wgmma_spec_unsupported(sm, spec).is_none(),
     }
 }
 
@@ -137,6 +216,15 @@ pub fn spec_for(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> KernelSp
         ];
         if let Some(kw) = *SPLIT_K_PREFERENCE {
             spec.split_k = [kw, kw];
+        }
+    }
+    if family == Family::Wgmma {
+        if let Some(n) = *WGMMA_N_PREFERENCE {
+            let mut wide = spec.clone();
+            wide.wgmma_n = n;
+            if wgmma_spec_unsupported(90, &wide).is_none() {
+                spec = wide;
+            }
         }
     }
     spec
@@ -170,8 +258,11 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
     };
     let spec = KernelSpec::for_launch(launch, Family::Stream);
     let stream_ok = stream_unsupported(sm, &spec, launch).is_none();
+    let wgmma_ok = wgmma_unsupported(sm, &KernelSpec::for_launch(launch, Family::Wgmma), launch)
+        .is_none();
     match *PREFERENCE {
         Some(Family::Stream) if stream_ok => return Family::Stream,
+        Some(Family::Wgmma) if wgmma_ok => return Family::Wgmma,
         Some(f @ (Family::Tile32 | Family::Fp32)) => return f,
         _ => {}
     }
@@ -183,6 +274,8 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
     );
     if stream_ok && pairs_per_expert <= STREAM_MAX_PAIRS_PER_EXPERT[sixteen_bit as usize] {
         Family::Stream
+    } else if wgmma_ok && pairs_per_expert >= WGMMA_MIN_PAIRS_PER_EXPERT {
+        Family::Wgmma
     } else {
         Family::Tile32
     }

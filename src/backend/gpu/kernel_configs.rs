@@ -21,6 +21,7 @@ pub fn hip_exclusion(family: Family) -> Option<&'static str> {
             "inline PTX mma.sync (mma_sm80.cuh) with 32-lane warp fragments has no HIP form; \
              heuristics::choose gives HIP the fp32 family until the MFMA layer lands",
         ),
+        Family::Wgmma => Some("wgmma (mma_sm90.cuh) is NVIDIA sm_90a only"),
     }
 }
 

@@ -347,7 +347,7 @@ impl GpuBackend {
         if let Some(k) = map.get(&defines) {
             return Ok(*k);
         }
-        let compiled = cache::compile(self.api, &self.arch, &defines)?;
+        let compiled = cache::compile(self.api, &spec.compile_arch(&self.arch), &defines)?;
         record_compile(&compiled);
         let module = self.api.load_module(&compiled.binary, "fused_moe")?;
         let get = |name: &CStr| self.api.function(module, name);
@@ -594,6 +594,7 @@ fn default_spec() -> spec::KernelSpec {
         has_mask: false,
         fp8_fnuz: false,
         split_k: [8, 8],
+        wgmma_n: 128,
     }
 }
 

@@ -16,16 +16,25 @@ pub enum Family {
     Tile32 = 1,
     /// Swap-AB weight streaming for few tokens per expert: CUDA sm_80+ (moe_gemm_stream.cuh).
     Stream = 2,
+    /// Warpgroup MMA on 128-row tiles for many tokens per expert: CUDA sm_90a
+    /// (moe_gemm_wgmma.cuh).
+    Wgmma = 3,
 }
 
 impl Family {
-    pub const ALL: [Family; 3] = [Family::Fp32, Family::Tile32, Family::Stream];
+    pub const ALL: [Family; 4] = [
+        Family::Fp32,
+        Family::Tile32,
+        Family::Stream,
+        Family::Wgmma,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Family::Fp32 => "fp32",
             Family::Tile32 => "tile32",
             Family::Stream => "stream",
+            Family::Wgmma => "wgmma",
         }
     }
 
@@ -38,6 +47,7 @@ impl Family {
         match self {
             Family::Stream => 16,
             Family::Fp32 | Family::Tile32 => 32,
+            Family::Wgmma => 128,
         }
     }
 }
@@ -63,6 +73,8 @@ pub struct KernelSpec {
     /// Stream family: warps (of 8) splitting K in stage 1 and stage 2 (`SW_KW1`, `SW_KW2`);
     /// the block holds 8 / kw row groups. Unused by the other families.
     pub split_k: [u32; 2],
+    /// Wgmma family: weight rows per block (`WG_N`, 128 or 256). Unused by the others.
+    pub wgmma_n: u32,
 }
 
 impl KernelSpec {
@@ -85,13 +97,35 @@ impl KernelSpec {
             has_mask: launch.expert_mask.is_some(),
             fp8_fnuz: launch.w13.elem == ElemType::Fp8E4m3fnuz,
             split_k: [8, 8],
+            wgmma_n: 128,
         }
     }
 
-    /// Dynamic shared memory of each GEMM block (none today: every family's shared memory
-    /// is static, under the 48 KiB default).
+    /// Wgmma family: stages of its cp.async ring (as deep as 227 KiB of shared memory allows).
+    fn wgmma_stages(&self) -> usize {
+        if self.wgmma_n > 128 {
+            4
+        } else {
+            5
+        }
+    }
+
+    /// Dynamic shared memory of each GEMM block: the wgmma family's ring (per stage 128 rows
+    /// of activations and `wgmma_n` weight rows of 128 bytes, plus 1 KiB to align the base);
+    /// the other families' shared memory is static, under the 48 KiB default.
     pub fn dynamic_shared_bytes(&self) -> usize {
-        0
+        match self.family {
+            Family::Wgmma => self.wgmma_stages() * (128 + self.wgmma_n as usize) * 128 + 1024,
+            _ => 0,
+        }
+    }
+
+    /// The NVRTC architecture for `arch` ("sm_90"): the wgmma family needs the sm_90a target.
+    pub fn compile_arch(&self, arch: &str) -> String {
+        match self.family {
+            Family::Wgmma => format!("{arch}a"),
+            _ => arch.to_string(),
+        }
     }
 
     /// Output columns (weight rows) one block of stage 1 / stage 2 covers.
@@ -99,6 +133,7 @@ impl KernelSpec {
         match self.family {
             Family::Fp32 => (64, 64),
             Family::Tile32 => (64, 128),
+            Family::Wgmma => (self.wgmma_n as usize / 2, self.wgmma_n as usize),
             Family::Stream => {
                 let groups = |kw: u32| 8 / kw.clamp(1, 8) as usize;
                 (16 * groups(self.split_k[0]), 32 * groups(self.split_k[1]))
@@ -135,6 +170,11 @@ impl KernelSpec {
         if self.family == Family::Stream {
             d.push(format!("SW_KW1={}", self.split_k[0]));
             d.push(format!("SW_KW2={}", self.split_k[1]));
+        }
+        if self.family == Family::Wgmma {
+            d.push(format!("WG_N={}", self.wgmma_n));
+            d.push(format!("WG_STAGES={}", self.wgmma_stages()));
+            d.push(format!("WG_SMEM_BYTES={}", self.dynamic_shared_bytes()));
         }
         d
     }
