@@ -1,16 +1,17 @@
 #pragma once
 #include "moe_common.cuh"
 
-#if BM != 128
-#error "this family's thread mapping is written for 128-row tiles"
+#if BM != 64 && BM != 128
+#error "this family's thread mapping is written for 64- and 128-row tiles"
 #endif
 #include "mma_sm90.cuh"
 
 // GEMM family FAMILY_WGMMA: Hopper warpgroup MMA for many tokens per expert (CUDA sm_90a).
 //
-// A block computes 128 sorted rows x WN weight rows: two warpgroups of 64 rows each issue
-// wgmma m64nWNk16 (16-bit) or m64nWNk32 (fp8 e4m3) on operand tiles in shared memory, K in
-// steps of one 128-byte row (64 16-bit or 128 fp8 values). Both operands are K-major rows of
+// Two warpgroups each issue wgmma m64nWG_Nk16 (16-bit) or m64nWG_Nk32 (fp8 e4m3) on operand
+// tiles in shared memory, K in steps of one 128-byte row (64 16-bit or 128 fp8 values). With
+// BM = 128 they take 64 sorted rows each against the same WG_N weight rows; with BM = 64 they
+// share the 64 rows and take WG_N weight rows each (fewer padding rows per expert). Both operands are K-major rows of
 // 128 bytes in the 128-byte swizzle, copied from global memory with 16-byte cp.async into a
 // ring of WG_STAGES stages (activation rows are gathered through the sorted index, so a row
 // is one copy per 16 bytes, zero-filled for padding rows, columns past K and weight rows past
@@ -19,24 +20,27 @@
 //
 // Covered (heuristics::wgmma_spec_unsupported): bf16 x bf16 and fp16 x fp16 (activations of
 // the weights' type, the caller's dtype), and e4m3fn weights (per tensor, per channel,
-// block 128) with fp8 activations (per token, per tensor, block 128). fp8 block-128 scales
-// vary every step: each step's MMAs go to a partial sum that is scaled into the fp32
-// accumulator (two-level accumulation; the tensor core's fp8 sums keep ~14 bits). The other
-// scales do not vary along K and are applied in the epilogue. Stage 1's block holds WN / 2
-// gate and WN / 2 up rows of the same output columns, so the epilogue pairs them in-thread.
+// block 128) with fp8 activations (per token, per tensor, block 128). fp8 products are summed
+// in two levels: each step's MMAs go to a partial sum that is added into the fp32
+// accumulator (the tensor core's fp8 sums keep ~14 bits), scaled there by the block-128
+// scales of the step; the other scales do not vary along K and are applied in the epilogue.
+// Each warpgroup's WG_N weight rows of stage 1 are WG_N / 2 gate and WG_N / 2 up rows of the
+// same output columns, so the epilogue pairs them in-thread.
 // WG_N (weight rows per block: 128 or 256), WG_STAGES (ring depth) and WG_SMEM_BYTES (the
 // dynamic shared memory the host launches with) come from spec.rs.
 #if !defined(WG_N) || !defined(WG_STAGES) || !defined(WG_SMEM_BYTES)
 #error "WG_N, WG_STAGES, WG_SMEM_BYTES: set by the host"
 #endif
 #define WG_ROW 128                   // bytes per operand row per K step
-#define WG_A_BYTES (BM * WG_ROW)     // activation tile of one stage
-#define WG_B_BYTES (WG_N * WG_ROW)   // weight tile of one stage
+#define WG_B_ROWS (BM == 128 ? WG_N : 2 * WG_N)  // weight rows of a block
+#define WG_A_BYTES (BM * WG_ROW)         // activation tile of one stage
+#define WG_B_BYTES (WG_B_ROWS * WG_ROW)  // weight tile of one stage
 #define WG_STAGE_BYTES (WG_A_BYTES + WG_B_BYTES)
 #define WG_ESIZE (ACT_Q ? 1 : 2)     // operand bytes per value
 #define WG_KSTEP (WG_ROW / WG_ESIZE)  // K values per step
-#define WG_FOLD (WFMT == WF_FP8_BLOCK128)
-#if WG_FOLD && (ACT_Q != AD_FP8_BLOCK128 || WG_KSTEP != 128)
+#define WG_FOLD (ACT_Q != 0)                 // fp8: two-level sums
+#define WG_KSCALE (WFMT == WF_FP8_BLOCK128)  // a weight/activation scale per step
+#if WG_KSCALE && (ACT_Q != AD_FP8_BLOCK128 || WG_KSTEP != 128)
 #error "fp8 block-128 weights run with fp8 block-128 activations (one scale block per step)"
 #endif
 #define WG_A_CHUNKS (WG_A_BYTES / 16 / THREADS)  // 16-byte copies per thread per step
@@ -93,13 +97,18 @@ __device__ __forceinline__ void wg_mma(float* d, u32 a, u32 b, int acc) {
 #endif
 }
 
-// Physical weight row of tile row r (stage 1: WN / 2 gate rows, then the up rows of the same
-// columns), and whether its column exists.
+// Output columns of a block (stage 1: gate/up pairs).
+#define WG_COLS1 (WG_B_ROWS / 2)
+#define WG_COLS2 WG_B_ROWS
+
+// Physical weight row of block row r (stage 1: each warpgroup's WG_N rows are WG_N / 2 gate
+// rows, then the up rows of the same columns), and whether its column exists.
 template <bool GATED>
 __device__ __forceinline__ int wg_row(const Params& p, int n0, int r, bool& ok) {
-  int half = WG_N / 2, col = GATED ? n0 + (r % half) : n0 + r;
+  int half = WG_N / 2, rr = r % WG_N;
+  int col = GATED ? n0 + (r / WG_N) * half + rr % half : n0 + r;
   ok = col < (GATED ? p.I : p.H);
-  return GATED ? (r < half ? gate_row(col, p.Ip) : up_row(col, p.Ip)) : col;
+  return GATED ? (rr < half ? gate_row(col, p.Ip) : up_row(col, p.Ip)) : col;
 }
 
 template <bool GATED>
@@ -111,7 +120,9 @@ __device__ void moe_gemm_wg(const Params& p) {
   int e = ((const int*)p.tile_expert)[tile];
   int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   int gid = lane >> 2, tig = lane & 3;
-  int n0 = blockIdx.y * (GATED ? WG_N / 2 : WG_N);
+  int n0 = blockIdx.y * (GATED ? WG_COLS1 : WG_COLS2);
+  // This warpgroup's activation rows and weight rows in the block.
+  int a_row0 = BM == 128 ? 64 * wg : 0, b_row0 = BM == 128 ? 0 : WG_N * wg;
   if (tid < BM) s_row[tid] = ((const int*)p.sorted_rows)[tile * BM + tid];
   // The swizzle works on address bits: every tile starts 1024-aligned.
   u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;
@@ -186,15 +197,18 @@ __device__ void moe_gemm_wg(const Params& p) {
   for (int i = 0; i < WG_ACC; ++i) acc[i] = 0.0f;
 #if WG_FOLD
   float part[WG_ACC];
+#endif
+#if WG_KSCALE
   // Rows of this thread's accumulators (activation scales) and the weight rows of its two
-  // column halves (one 128-row scale block each: n0 is a multiple of WG_N / 2).
-  int r0 = 64 * wg + 16 * warp + gid;
+  // column halves (one 128-row scale block each: columns start on multiples of 64).
+  int r0 = a_row0 + 16 * warp + gid;
   int q0 = s_row[r0], q1 = s_row[r0 + 8];
   const float* xs = (const float*)(GATED ? p.xs : p.as);
   int ng = GATED ? p.ng1 : p.ng2;
   i64 srow0 = q0 < 0 ? -1 : (GATED ? q0 / p.topk : q0), srow1 = q1 < 0 ? -1 : (GATED ? q1 / p.topk : q1);
   bool okh0, okh1;
-  int Rh0 = wg_row<GATED>(p, n0, 0, okh0), Rh1 = wg_row<GATED>(p, n0, WG_N / 2, okh1);
+  int Rh0 = wg_row<GATED>(p, n0, b_row0, okh0);
+  int Rh1 = wg_row<GATED>(p, n0, b_row0 + WG_N / 2, okh1);
 #endif
 
 #pragma unroll
@@ -202,7 +216,7 @@ __device__ void moe_gemm_wg(const Params& p) {
     if (s < nk) load_step(s);
     cp_async_commit();
   }
-  u32 a_wg = (u32)(64 * wg * WG_ROW);  // this warpgroup's 64 rows of the activation tile
+  u32 a_wg = (u32)(a_row0 * WG_ROW), b_wg = (u32)(b_row0 * WG_ROW);
   for (int ks = 0; ks < nk; ++ks) {
     cp_async_wait<WG_STAGES - 3>();  // this thread's copies of step ks have landed
     fence_proxy_async();
@@ -210,12 +224,13 @@ __device__ void moe_gemm_wg(const Params& p) {
     if (ks + WG_STAGES - 2 < nk) load_step(ks + WG_STAGES - 2);
     cp_async_commit();
     u32 sa = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + a_wg;
-    u32 sb = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES;
+    u32 sb = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES + b_wg;
     wgmma_fence();
 #if WG_FOLD
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wg_mma(part, sa + 32 * kk, sb + 32 * kk, kk > 0);
     wgmma_commit();
+#if WG_KSCALE
     int k = ks * WG_KSTEP;
     float a0 = srow0 >= 0 ? xs[srow0 * ng + k / 128] : 0.0f;
     float a1 = srow1 >= 0 ? xs[srow1 * ng + k / 128] : 0.0f;
@@ -227,6 +242,11 @@ __device__ void moe_gemm_wg(const Params& p) {
       float w = GATED && (i / 4) * 8 >= WG_N / 2 ? w1 : w0;  // up half of stage 1
       acc[i] = fmaf(part[i], ((i & 2) ? a1 : a0) * w, acc[i]);
     }
+#else
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) acc[i] += part[i];
+#endif
 #else
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wg_mma(acc, sa + 32 * kk, sb + 32 * kk, 1);
@@ -240,11 +260,11 @@ __device__ void moe_gemm_wg(const Params& p) {
   // Epilogue: scales that do not vary along K, then the shared stage epilogues.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    int r = 64 * wg + 16 * warp + gid + 8 * h, q = s_row[r];
+    int r = a_row0 + 16 * warp + gid + 8 * h, q = s_row[r];
     if (q < 0) continue;
     float w = ((const float*)p.topk_weights)[q];
     float sa = 1.0f;
-#if ACT_Q && !WG_FOLD
+#if ACT_Q && !WG_KSCALE
     sa = ((const float*)(GATED ? p.xs : p.as))[(i64)(GATED ? q / p.topk : q) *
                                                 (GATED ? p.ng1 : p.ng2)];
 #endif
@@ -253,7 +273,7 @@ __device__ void moe_gemm_wg(const Params& p) {
       for (int j = 0; j < WG_N / 16; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          int col = n0 + 8 * j + 2 * tig + c;
+          int col = n0 + (b_row0 / 2) + 8 * j + 2 * tig + c;
           if (col >= p.I) continue;
           float g = acc[4 * j + 2 * h + c], u = acc[4 * (j + WG_N / 16) + 2 * h + c];
 #if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
@@ -270,7 +290,7 @@ __device__ void moe_gemm_wg(const Params& p) {
       for (int j = 0; j < WG_N / 8; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          int col = n0 + 8 * j + 2 * tig + c;
+          int col = n0 + b_row0 + 8 * j + 2 * tig + c;
           if (col >= p.H) continue;
           float v = acc[4 * j + 2 * h + c] * sa;
 #if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL

@@ -22,13 +22,17 @@ pub const STREAM_MAX_PAIRS_PER_EXPERT: [usize; 2] = [32, 16];
 /// configuration): its 128-row tiles waste less than half a tile per expert from here.
 pub const WGMMA_MIN_PAIRS_PER_EXPERT: usize = 64;
 
-/// `MOEPLUG_WGMMA_N=128|256`: a diagnostic override of the wgmma family's block width.
-static WGMMA_N_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| {
-    std::env::var("MOEPLUG_WGMMA_N")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|n| [128, 256].contains(n))
-});
+/// Average pairs per local expert below which the wgmma family takes 64-row tiles.
+pub const WGMMA_BM64_BELOW_PAIRS_PER_EXPERT: usize = 192;
+
+/// `MOEPLUG_WGMMA_N=128|256`, `MOEPLUG_WGMMA_BM=64|128`: diagnostic overrides of the wgmma
+/// family's block shape (benchmarks).
+static WGMMA_N_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_N"));
+static WGMMA_BM_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_BM"));
+
+fn env_choice(name: &str) -> Option<u32> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
 
 /// `MOEPLUG_GPU_FAMILY=fp32|tile32|stream|wgmma`: a diagnostic preference (benchmarks and tests
 /// run every family on the same shapes); a family that cannot run a launch is never forced.
@@ -138,16 +142,19 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
         W::Fp8PerTensor | W::Fp8PerChannel => {
             matches!(spec.act_dtype, A::Fp8PerToken | A::Fp8PerTensor)
         }
-        // Block scales are folded into the accumulator once per 128-wide step: the partial
-        // sums need the registers a 256-row block would take.
-        W::Fp8Block128 => spec.act_dtype == A::Fp8Block128 && spec.wgmma_n == 128,
+        W::Fp8Block128 => spec.act_dtype == A::Fp8Block128,
         W::Mxfp4 | W::Mxfp8 => false,
     };
     if !format_ok {
         return Some("format / activation dtype pairing not covered");
     }
-    if !matches!(spec.wgmma_n, 128 | 256) {
-        return Some("128 or 256 weight rows per block");
+    if !matches!(spec.wgmma_bm, 64 | 128) || !matches!(spec.wgmma_n, 128 | 256) {
+        return Some("64 or 128 rows per tile, 128 or 256 weight rows per warpgroup");
+    }
+    // fp8 partial sums (two-level accumulation) need the registers of a second accumulator;
+    // 64-row tiles already give each warpgroup its own weight rows.
+    if spec.wgmma_n == 256 && (spec.act_dtype.is_quantized() || spec.wgmma_bm == 64) {
+        return Some("256 weight rows per warpgroup only for 16-bit operands on 128-row tiles");
     }
     None
 }
@@ -219,12 +226,16 @@ pub fn spec_for(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> KernelSp
         }
     }
     if family == Family::Wgmma {
-        if let Some(n) = *WGMMA_N_PREFERENCE {
-            let mut wide = spec.clone();
-            wide.wgmma_n = n;
-            if wgmma_spec_unsupported(90, &wide).is_none() {
-                spec = wide;
-            }
+        let pairs_per_expert =
+            (shape.m * shape.topk).div_ceil(launch.config.layout.num_experts.max(1));
+        if pairs_per_expert < WGMMA_BM64_BELOW_PAIRS_PER_EXPERT {
+            spec.wgmma_bm = 64;
+        }
+        let mut tuned = spec.clone();
+        tuned.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(tuned.wgmma_n);
+        tuned.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(tuned.wgmma_bm);
+        if wgmma_spec_unsupported(90, &tuned).is_none() {
+            spec = tuned;
         }
     }
     spec
@@ -258,8 +269,8 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
     };
     let spec = KernelSpec::for_launch(launch, Family::Stream);
     let stream_ok = stream_unsupported(sm, &spec, launch).is_none();
-    let wgmma_ok = wgmma_unsupported(sm, &KernelSpec::for_launch(launch, Family::Wgmma), launch)
-        .is_none();
+    let wgmma_ok =
+        wgmma_unsupported(sm, &KernelSpec::for_launch(launch, Family::Wgmma), launch).is_none();
     match *PREFERENCE {
         Some(Family::Stream) if stream_ok => return Family::Stream,
         Some(Family::Wgmma) if wgmma_ok => return Family::Wgmma,

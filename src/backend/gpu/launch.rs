@@ -166,7 +166,7 @@ pub fn plan(launch: &MoeLaunch, shape: &LaunchShape, spec: KernelSpec) -> Result
 
     let pairs = m * topk;
     let tiles_of = |rows: usize| pairs.div_ceil(rows) + e.min(pairs);
-    let max_tiles = tiles_of(spec.family.tile_rows());
+    let max_tiles = tiles_of(spec.tile_rows());
     let (most_tiles, most_rows) = Family::ALL
         .iter()
         .map(|f| {

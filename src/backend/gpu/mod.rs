@@ -595,6 +595,7 @@ fn default_spec() -> spec::KernelSpec {
         fp8_fnuz: false,
         split_k: [8, 8],
         wgmma_n: 128,
+        wgmma_bm: 128,
     }
 }
 

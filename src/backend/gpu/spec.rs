@@ -22,12 +22,7 @@ pub enum Family {
 }
 
 impl Family {
-    pub const ALL: [Family; 4] = [
-        Family::Fp32,
-        Family::Tile32,
-        Family::Stream,
-        Family::Wgmma,
-    ];
+    pub const ALL: [Family; 4] = [Family::Fp32, Family::Tile32, Family::Stream, Family::Wgmma];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -42,7 +37,8 @@ impl Family {
         Family::ALL.into_iter().find(|f| f.name() == name)
     }
 
-    /// Rows (token, slot pairs) per sorted tile: the route pads each expert to this (`BM`).
+    /// The most rows (token, slot pairs) per sorted tile of the family (workspace sizing; a
+    /// spec's own is [`KernelSpec::tile_rows`]).
     pub fn tile_rows(self) -> usize {
         match self {
             Family::Stream => 16,
@@ -73,8 +69,10 @@ pub struct KernelSpec {
     /// Stream family: warps (of 8) splitting K in stage 1 and stage 2 (`SW_KW1`, `SW_KW2`);
     /// the block holds 8 / kw row groups. Unused by the other families.
     pub split_k: [u32; 2],
-    /// Wgmma family: weight rows per block (`WG_N`, 128 or 256). Unused by the others.
+    /// Wgmma family: weight rows per warpgroup MMA (`WG_N`, 128 or 256) and sorted rows per
+    /// tile (`BM`, 64 or 128). Unused by the others.
     pub wgmma_n: u32,
+    pub wgmma_bm: u32,
 }
 
 impl KernelSpec {
@@ -98,24 +96,45 @@ impl KernelSpec {
             fp8_fnuz: launch.w13.elem == ElemType::Fp8E4m3fnuz,
             split_k: [8, 8],
             wgmma_n: 128,
+            wgmma_bm: 128,
         }
     }
 
-    /// Wgmma family: stages of its cp.async ring (as deep as 227 KiB of shared memory allows).
-    fn wgmma_stages(&self) -> usize {
-        if self.wgmma_n > 128 {
-            4
+    /// Rows (token, slot pairs) per sorted tile: the route pads each expert to this (`BM`).
+    pub fn tile_rows(&self) -> usize {
+        match self.family {
+            Family::Wgmma => self.wgmma_bm as usize,
+            f => f.tile_rows(),
+        }
+    }
+
+    /// Wgmma family: weight rows of a block (the two warpgroups share them on 128-row tiles
+    /// and take `wgmma_n` each on 64-row tiles).
+    fn wgmma_block_rows(&self) -> usize {
+        let n = self.wgmma_n as usize;
+        if self.wgmma_bm == 128 {
+            n
         } else {
-            5
+            2 * n
         }
     }
 
-    /// Dynamic shared memory of each GEMM block: the wgmma family's ring (per stage 128 rows
-    /// of activations and `wgmma_n` weight rows of 128 bytes, plus 1 KiB to align the base);
+    /// Wgmma family: stages of its cp.async ring, as many as 227 KiB of shared memory holds
+    /// (at most 5).
+    fn wgmma_stages(&self) -> usize {
+        let stage = (self.wgmma_bm as usize + self.wgmma_block_rows()) * 128;
+        ((227 * 1024 - 1024) / stage).min(5)
+    }
+
+    /// Dynamic shared memory of each GEMM block: the wgmma family's ring (per stage the tile's
+    /// activation rows and the block's weight rows of 128 bytes, plus 1 KiB to align the base);
     /// the other families' shared memory is static, under the 48 KiB default.
     pub fn dynamic_shared_bytes(&self) -> usize {
         match self.family {
-            Family::Wgmma => self.wgmma_stages() * (128 + self.wgmma_n as usize) * 128 + 1024,
+            Family::Wgmma => {
+                self.wgmma_stages() * (self.wgmma_bm as usize + self.wgmma_block_rows()) * 128
+                    + 1024
+            }
             _ => 0,
         }
     }
@@ -133,7 +152,7 @@ impl KernelSpec {
         match self.family {
             Family::Fp32 => (64, 64),
             Family::Tile32 => (64, 128),
-            Family::Wgmma => (self.wgmma_n as usize / 2, self.wgmma_n as usize),
+            Family::Wgmma => (self.wgmma_block_rows() / 2, self.wgmma_block_rows()),
             Family::Stream => {
                 let groups = |kw: u32| 8 / kw.clamp(1, 8) as usize;
                 (16 * groups(self.split_k[0]), 32 * groups(self.split_k[1]))
@@ -152,7 +171,7 @@ impl KernelSpec {
         let b = |v: bool| v as i32;
         let mut d = vec![
             format!("FAMILY={}", self.family as i32),
-            format!("BM={}", self.family.tile_rows()),
+            format!("BM={}", self.tile_rows()),
             format!("WFMT={}", self.weight_format as i32),
             format!("WLAYOUT={}", self.weight_layout as i32),
             format!("SLAYOUT={slayout}"),
