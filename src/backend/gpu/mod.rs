@@ -331,15 +331,22 @@ impl GpuBackend {
         // The first open of a device proves its kernels before anyone can launch them (HIP
         // included: an unvalidated backend either passes here or refuses).
         b.selftest = selftest_run::run(&b).map_err(|e| {
-            if e.status == crate::error::Status::BackendUnavailable {
-                e
+            let mut message = if e.status == crate::error::Status::BackendUnavailable {
+                e.message
             } else {
-                Error::unavailable(format!(
+                format!(
                     "{}: the self-test before first use could not run: {}",
                     b.label(),
                     e.message
-                ))
+                )
+            };
+            if message.contains("STREAM_CAPTURE") {
+                message.push_str(
+                    " (the device was first opened while a stream was capturing a graph: \
+                     call moeplug_get_caps for it before capturing)",
+                );
             }
+            Error::unavailable(message)
         })?;
         Ok(b)
     }

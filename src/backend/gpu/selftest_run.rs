@@ -111,6 +111,18 @@ pub fn families_to_test(vendor: Vendor, arch: &str) -> Vec<Family> {
         .collect()
 }
 
+/// The kernel configuration each tested family runs (what the self-test compiles on `arch`;
+/// `tests/kernel_compile.rs` compiles the same list).
+pub fn tested_specs(vendor: Vendor, arch: &str) -> Vec<KernelSpec> {
+    families_to_test(vendor, arch)
+        .into_iter()
+        .map(|family| KernelSpec {
+            family,
+            ..problem_spec()
+        })
+        .collect()
+}
+
 /// Run the self-test on `dev` (its context is retained, the backend not yet shared) and
 /// decide; BACKEND_UNAVAILABLE if no fused_moe family passed.
 pub fn run(dev: &GpuBackend) -> Result<SelfTest> {
@@ -124,11 +136,14 @@ pub fn run(dev: &GpuBackend) -> Result<SelfTest> {
     let is_broken = |name: &str| broken.as_deref() == Some(name);
     let start = Instant::now();
     let problem = Problem::new()?;
+    let specs = tested_specs(dev.api.vendor, &dev.arch);
+    warm_cache(dev, &specs);
     let mut results = Vec::new();
-    for family in families_to_test(dev.api.vendor, &dev.arch) {
-        let outcome = outcome_of(run_fused(dev, &problem, family, is_broken(family.name())));
+    for spec in specs {
+        let name = spec.family.name();
+        let outcome = outcome_of(run_fused(dev, &problem, spec, is_broken(name)));
         results.push(FamilyResult {
-            family: family.name(),
+            family: name,
             role: Role::FusedMoe,
             outcome,
         });
@@ -155,6 +170,24 @@ pub fn run(dev: &GpuBackend) -> Result<SelfTest> {
     };
     log::emit(level, || format!("{label}: {}", t.line()));
     Ok(t)
+}
+
+/// Compile the tested configurations side by side into the disk cache, so that a cold first
+/// open waits about one compile rather than one per family. Errors are not lost: the family's
+/// own run compiles again and reports them.
+fn warm_cache(dev: &GpuBackend, specs: &[KernelSpec]) {
+    if super::cache::cache_dir().is_none() || specs.len() < 2 {
+        return;
+    }
+    std::thread::scope(|s| {
+        for spec in specs {
+            s.spawn(move || {
+                if let Ok(c) = super::cache::compile(dev.api, &dev.arch, &spec.defines()) {
+                    super::record_compile(&c);
+                }
+            });
+        }
+    });
 }
 
 /// A failed step of a family's run as the outcome the decision reads.
@@ -439,7 +472,8 @@ fn synchronize(dev: &GpuBackend, what: &str) -> Result<()> {
 }
 
 /// One fused_moe on the device forced to `family`, compared with the CPU backend.
-fn run_fused(dev: &GpuBackend, p: &Problem, family: Family, broken: bool) -> Result<Outcome> {
+fn run_fused(dev: &GpuBackend, p: &Problem, spec: KernelSpec, broken: bool) -> Result<Outcome> {
+    let family = spec.family;
     let _ctx = dev.enter()?;
     let x = DeviceBuffer::upload(dev, bytes_of(&p.x))?;
     let w13 = DeviceBuffer::upload(dev, bytes_of(&p.w13))?;
@@ -458,10 +492,6 @@ fn run_fused(dev: &GpuBackend, p: &Problem, family: Family, broken: bool) -> Res
         topk_ids: ids.ptr,
         output: out.ptr,
         workspace: None,
-    };
-    let spec = KernelSpec {
-        family,
-        ..problem_spec()
     };
     let l = p.launch(a, at);
     let shape = check_launch(&l)?;
