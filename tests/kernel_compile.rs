@@ -104,7 +104,12 @@ fn the_self_test_configurations_compile() {
     let mut failures = Vec::new();
     for arch in archs.split(',') {
         let specs = selftest_run::tested_specs(Vendor::Cuda, arch);
-        assert_eq!(specs.len(), 3, "{arch}: fp32, tile32 and stream");
+        for family in ["fp32", "tile32", "stream"] {
+            assert!(
+                specs.iter().any(|s| s.family.name() == family),
+                "{arch}: the self-test must cover {family}"
+            );
+        }
         for spec in specs {
             let what = format!("self-test {arch} {}", spec.family.name());
             match cache::compile_check(&rtc, arch, &spec.defines()) {
