@@ -510,10 +510,10 @@ impl GpuBackend {
         if plan.m == 0 {
             return Ok(());
         }
-        let ws = launch::workspace_ptr(l, &plan)?;
+        let ws = launch::workspace_ptr(l, plan)?;
         let _ctx = self.enter()?;
         let k = self.kernels(&plan.spec)?;
-        let p = launch::params(l, &plan, ws);
+        let p = launch::params(l, plan, ws);
         let stream = l.stream as Handle;
         let tiles = plan.max_tiles as u32;
         let (n1, n2) = plan.spec.block_columns();
