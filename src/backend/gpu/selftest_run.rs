@@ -657,6 +657,20 @@ mod tests {
         assert_eq!(non_finite, 1);
     }
 
+    impl Addresses {
+        fn from_launch(l: &MoeLaunch) -> Addresses {
+            Addresses {
+                x: l.hidden_states.ptr as u64,
+                w13: l.w13.ptr as u64,
+                w2: l.w2.ptr as u64,
+                topk_weights: l.topk_weights.ptr as u64,
+                topk_ids: l.topk_ids.ptr as u64,
+                output: l.output.ptr as u64,
+                workspace: None,
+            }
+        }
+    }
+
     /// The problem's launch at device-like addresses (never dereferenced: only the checks and
     /// the heuristics read it).
     fn device_launch(p: &Problem) -> MoeLaunch {
@@ -682,6 +696,35 @@ mod tests {
         // Every expert receives pairs (each family's tiles are exercised for all experts).
         for e in 0..E as i32 {
             assert!(p.topk_ids.contains(&e));
+        }
+    }
+
+    #[test]
+    fn the_problem_passes_every_gpu_rule_for_every_tested_family() {
+        use crate::backend::gpu::heuristics::stream_unsupported;
+        let p = Problem::new().unwrap();
+        let l = device_launch(&p);
+        let shape = check_launch(&l).unwrap();
+        for arch in ["sm_80", "sm_89", "sm_90"] {
+            for spec in tested_specs(Vendor::Cuda, arch) {
+                if spec.family == Family::Stream {
+                    assert_eq!(stream_unsupported(90, &spec, &l), None);
+                }
+                let plan = launch::plan(&l, &shape, spec.clone()).unwrap();
+                assert_eq!(plan.spec, spec);
+                assert!(plan.workspace_bytes <= 1 << 20);
+            }
+        }
+        let hip = p.launch(
+            Addresses {
+                workspace: Some((0x7f00_7000_0000, 1 << 20)),
+                ..Addresses::from_launch(&l)
+            },
+            (DeviceKind::Rocm, 0),
+        );
+        let shape = check_launch(&hip).unwrap();
+        for spec in tested_specs(Vendor::Hip, "gfx942") {
+            assert!(launch::plan(&hip, &shape, spec).is_ok());
         }
     }
 
