@@ -158,7 +158,10 @@ pub fn run(dev: &GpuBackend) -> Result<SelfTest> {
         log::emit(Level::Error, || e.message.clone());
     })?;
     let mut t = SelfTest::from_decision(&decision, seconds);
-    if let Some(b) = &broken {
+    if let Some(b) = broken
+        .as_deref()
+        .filter(|b| results.iter().any(|r| r.family == *b))
+    {
         t.summary.push_str(&format!(
             " [{BREAK_ENV}={b}: a test switch corrupted that result]"
         ));
