@@ -5,7 +5,8 @@
 
 use once_cell::sync::Lazy;
 
-use super::spec::{Family, KernelSpec};
+use super::spec::{Family, FamilySet, KernelSpec};
+use crate::error::{Error, Result};
 use crate::moe::check::LaunchShape;
 use crate::moe::MoeLaunch;
 use crate::types::{ActDtype, GateMode, ScaleLayout, WeightFormat, WeightLayout};
@@ -201,10 +202,15 @@ pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
     }
 }
 
-/// The kernel configuration for this launch on `arch`: its family and, for the stream family,
-/// the K split of each stage.
-pub fn spec_for(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> KernelSpec {
-    let family = choose(arch, launch, shape);
+/// The kernel configuration for this launch on `arch` among the families the device's
+/// self-test `accepted`: its family and, for the stream family, the K split of each stage.
+pub fn spec_for(
+    arch: &str,
+    launch: &MoeLaunch,
+    shape: &LaunchShape,
+    accepted: FamilySet,
+) -> Result<KernelSpec> {
+    let family = choose_accepted(arch, launch, shape, accepted)?;
     let mut spec = KernelSpec::for_launch(launch, family);
     if family == Family::Stream {
         let l = &launch.config.layout;
@@ -238,7 +244,30 @@ pub fn spec_for(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> KernelSp
             spec = tuned;
         }
     }
-    spec
+    Ok(spec)
+}
+
+/// [`choose`]'s family if the self-test accepted it, else the first accepted family down its
+/// fallback chain ([`Family::fallback`]); UNSUPPORTED when the chain has none.
+pub fn choose_accepted(
+    arch: &str,
+    launch: &MoeLaunch,
+    shape: &LaunchShape,
+    accepted: FamilySet,
+) -> Result<Family> {
+    let first = choose(arch, launch, shape);
+    let mut family = Some(first);
+    while let Some(f) = family {
+        if accepted.contains(f) {
+            return Ok(f);
+        }
+        family = f.fallback();
+    }
+    Err(Error::unsupported(format!(
+        "no kernel family that passed this device's self-test before first use can run this \
+         launch ({} and its fallbacks were refused; `moeplug info` says why)",
+        first.name()
+    )))
 }
 
 /// Blocks the stream family wants at least, so that every SM of an H100/H200-class GPU (132)

@@ -48,6 +48,45 @@ impl Family {
     }
 }
 
+impl Family {
+    /// The family that runs a launch when the device's self-test refused this one: it can run
+    /// every launch this family can (on the same device). Exhaustive, so a new family answers.
+    pub fn fallback(self) -> Option<Family> {
+        match self {
+            Family::Stream | Family::Wgmma => Some(Family::Tile32),
+            Family::Tile32 => Some(Family::Fp32),
+            Family::Fp32 => None,
+        }
+    }
+}
+
+/// A set of families (bit `1 << family`): those a device's self-test accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FamilySet(u32);
+
+impl FamilySet {
+    pub const NONE: FamilySet = FamilySet(0);
+    pub fn all() -> FamilySet {
+        Family::ALL.into_iter().collect()
+    }
+    pub fn contains(self, f: Family) -> bool {
+        self.0 & (1 << f as u32) != 0
+    }
+    pub fn insert(&mut self, f: Family) {
+        self.0 |= 1 << f as u32;
+    }
+}
+
+impl FromIterator<Family> for FamilySet {
+    fn from_iter<I: IntoIterator<Item = Family>>(iter: I) -> FamilySet {
+        let mut s = FamilySet::NONE;
+        for f in iter {
+            s.insert(f);
+        }
+        s
+    }
+}
+
 /// Everything the compiled kernel is specialised for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct KernelSpec {
@@ -280,5 +319,26 @@ mod tests {
             assert_eq!(Family::from_name(f.name()), Some(f));
         }
         assert_eq!(Family::from_name("wgmma"), None);
+    }
+
+    #[test]
+    fn every_fallback_chain_ends_at_fp32_without_a_cycle() {
+        for f in Family::ALL {
+            let mut at = f;
+            for _ in 0..Family::ALL.len() {
+                match at.fallback() {
+                    Some(next) => at = next,
+                    None => break,
+                }
+            }
+            assert_eq!(at, Family::Fp32, "{f:?}");
+        }
+        let s: FamilySet = [Family::Stream, Family::Fp32].into_iter().collect();
+        assert!(s.contains(Family::Stream) && s.contains(Family::Fp32));
+        assert!(!s.contains(Family::Tile32));
+        assert!(Family::ALL
+            .into_iter()
+            .all(|f| FamilySet::all().contains(f)));
+        assert!(!FamilySet::NONE.contains(Family::Fp32));
     }
 }
