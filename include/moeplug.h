@@ -448,6 +448,11 @@ enum moeplug_feature
   MOEPLUG_FEATURE_ROUTER_WEIGHT_ON_INPUT = (1 << 3),
   MOEPLUG_FEATURE_GRAPH_CAPTURE = (1 << 4),
   MOEPLUG_FEATURE_DEVICE_PREP = (1 << 5),
+  /**
+   * Repeat launches with the same inputs give the same output bytes, whatever the thread
+   * count (set only where a test proves it; docs/determinism.md). ABI 1.1.
+   */
+  MOEPLUG_FEATURE_DETERMINISTIC = (1 << 6),
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -469,6 +474,11 @@ enum moeplug_layout_flag
    * The prepared weights come with fp32 biases.
    */
   MOEPLUG_LAYOUT_FLAG_HAS_BIAS = (1 << 0),
+  /**
+   * 1.1: prepared for an AITER kernel path (`moeplug_prepare_moe_args.target` != 0);
+   * moeplug's own launches refuse the record (LAYOUT_MISMATCH).
+   */
+  MOEPLUG_LAYOUT_FLAG_AITER_TARGET = (1 << 1),
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -870,6 +880,12 @@ typedef struct moeplug_prepare_moe_args {
    * Written on success.
    */
   struct moeplug_layout *out_layout;
+  /**
+   * 1.1: whose kernels the layout is for, a `moeplug_prep_target` value: 0 = moeplug's
+   * own (the 1.0 behaviour), else the AITER kernel path named (docs/aiter.md); never
+   * guessed from M, the arch or the environment.
+   */
+  int32_t target;
 } moeplug_prepare_moe_args;
 
 /**

@@ -269,6 +269,10 @@ pub struct moeplug_prepare_moe_args {
     pub out_w2_bias: *const moeplug_tensor,
     /// Written on success.
     pub out_layout: *mut moeplug_layout,
+    /// 1.1: whose kernels the layout is for, a `moeplug_prep_target` value: 0 = moeplug's
+    /// own (the 1.0 behaviour), else the AITER kernel path named (docs/aiter.md); never
+    /// guessed from M, the arch or the environment.
+    pub target: i32,
 }
 
 /// Shapes and bytes of each output of `moeplug_prepare_moe` (0-dim = absent). The
