@@ -159,6 +159,50 @@ typedef int32_t moeplug_device_type;
 #endif // __cplusplus
 
 /**
+ * Whose kernels `moeplug_prepare_moe` lays the weights out for (`target`, ABI 1.1). Never
+ * guessed: an AITER path is named explicitly (docs/aiter.md).
+ */
+enum moeplug_prep_target
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * moeplug's own kernels (CPU, CUDA): SEPARATED rows, AITER_16x16, AITER_E8M0.
+   */
+  MOEPLUG_PREP_TARGET_MOEPLUG = 0,
+  /**
+   * AITER a4w4 (MXFP4 weights, MXFP4 activations): SEPARATED, shuffle_weight, e8m0_shuffle.
+   */
+  MOEPLUG_PREP_TARGET_AITER_A4W4 = 1,
+  /**
+   * AITER a8w4 (MXFP4 weights, MXFP8 activations): INTERLEAVE, w13 shuffle_weight_a16w4 /
+   * shuffle_scale_a16w4 with gate_up, w2 without.
+   */
+  MOEPLUG_PREP_TARGET_AITER_A8W4 = 2,
+  /**
+   * AITER MXFP8 a8w8: as A8W4 for w13; w2 scale e8m0_shuffle.
+   */
+  MOEPLUG_PREP_TARGET_AITER_MXFP8 = 3,
+  /**
+   * AITER CK/FlyDSL a16w4 (bf16 activations) in the INTERLEAVE pairing (gpt-oss).
+   */
+  MOEPLUG_PREP_TARGET_AITER_A16W4_INTERLEAVE = 4,
+  /**
+   * AITER/triton_kernels Triton a16w4 (bf16 activations): row-interleaved w13 (g0,u0,...),
+   * plain weights, CDNA4-swizzled scales.
+   */
+  MOEPLUG_PREP_TARGET_AITER_TRITON_A16W4 = 5,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_prep_target moeplug_prep_target;
+#else
+typedef int32_t moeplug_prep_target;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Severity of a message passed to the log callback (`moeplug_set_log_callback`), most
  * severe first. ABI 1.1.
  */

@@ -881,6 +881,7 @@ fn prepare_args() -> moeplug_prepare_moe_args {
         out_w2_scale: std::ptr::null(),
         out_w2_bias: std::ptr::null(),
         out_layout: std::ptr::null_mut(),
+        target: 0,
     }
 }
 

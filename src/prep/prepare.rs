@@ -182,7 +182,9 @@ fn mx_scale_shape(
             if k != k_pad && cols != cols8 {
                 crate::bail!(
                     invalid,
-                    "{align_field}: {k} padded to {k_pad} leaves {cols} scale columns;                      shuffle_scale_a16w4 would add 0x7F columns after the zero ones of the                      padding: use an alignment that is a multiple of 256"
+                    "{align_field}: {k} padded to {k_pad} leaves {cols} scale columns; \
+                     shuffle_scale_a16w4 would add 0x7F columns after the zero ones of the \
+                     padding: use an alignment that is a multiple of 256"
                 );
             }
             vec![e * rows, cols8]
