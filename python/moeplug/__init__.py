@@ -174,8 +174,11 @@ from ._ops import (  # noqa: E402  (the ops need the tables above)
     swizzle_scale,
 )
 from ._runtime import num_threads, set_num_threads, set_progress_callback  # noqa: E402
+from ._aiter import aiter_args, resolve_config  # noqa: E402  (ABI 1.1)
 
 __all__ += [
+    "aiter_args",
+    "resolve_config",
     "num_threads",
     "set_num_threads",
     "set_progress_callback",

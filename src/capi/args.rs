@@ -55,6 +55,9 @@ extensible!(
     moeplug_quantize_mx_args = MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_0,
     moeplug_prepare_moe_args = MOEPLUG_PREPARE_MOE_ARGS_SIZE_V1_0,
     moeplug_prepare_moe_sizes_out = MOEPLUG_PREPARE_MOE_SIZES_OUT_SIZE_V1_0,
+    // New in 1.1: the smallest size is the 1.1 one.
+    moeplug_aiter_args_out = MOEPLUG_AITER_ARGS_OUT_SIZE_V1_1,
+    moeplug_resolved_config = MOEPLUG_RESOLVED_CONFIG_SIZE_V1_1,
 );
 
 /// The caller's `struct_size`, refused below the 1.0 size.
@@ -173,6 +176,14 @@ output!(
         w2_bias_ndim, reserved4, w2_bias_shape,
         w13_bytes, w13_scale_bytes, w13_bias_bytes, w2_bytes, w2_scale_bytes, w2_bias_bytes,
         layout,
+    }
+    moeplug_aiter_args_out {
+        struct_size, is_shuffled, scale_swizzled, reserved0, hidden_pad, intermediate_pad,
+        gate_mode, quant_type, quant_type_a, quant_dtype_a, quant_dtype_a2, activation,
+    }
+    moeplug_resolved_config {
+        struct_size, backend, act_dtype, act_dtype_stage2, activation, alpha, limit,
+        reserved0, weight_format, gate_mode, weight_layout, scale_layout,
     }
 );
 
