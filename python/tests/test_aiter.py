@@ -81,8 +81,9 @@ def pad_halves(x, e, inter, inter_pad, cols):
     return zero_pad(h, (e, 2, inter_pad, cols)).reshape(e, 2 * inter_pad, cols)
 
 
-@pytest.mark.parametrize("E,H,I", [(2, 256, 128), (3, 128, 64), (1, 512, 96)])
-def test_mxfp8_target_matches_aiter_shuffles(E, H, I):
+@pytest.mark.parametrize("E,H,inter", [(2, 256, 128), (3, 128, 64), (1, 512, 96)])
+def test_mxfp8_target_matches_aiter_shuffles(E, H, inter):
+    I = inter  # noqa: E741 (the issue's name for the intermediate size)
     rng = np.random.default_rng(E * 1000 + H + I)
     w13, w2 = fp8(rng, (E, 2 * I, H)), fp8(rng, (E, H, I))
     s13, s2 = e8m0(rng, (E * 2 * I, H // 32)), e8m0(rng, (E * H, I // 32))
@@ -122,7 +123,8 @@ def test_numpy_reimplementation_reproduces_the_golden_interleave_pack():
 # --- moeplug.aiter_args: the four engine cases of issue 11 ------------------------------------
 
 
-def mxfp4_ck(rng, E, H, I, mode="separated"):
+def mxfp4_ck(rng, E, H, inter, mode="separated"):
+    I = inter  # noqa: E741
     w13 = rng.integers(0, 256, (E, 2 * I, H // 2), dtype=np.uint8)
     w2 = rng.integers(0, 256, (E, H, I // 2), dtype=np.uint8)
     s13, s2 = e8m0(rng, (E, 2 * I, H // 32)), e8m0(rng, (E, H, I // 32))
