@@ -25,6 +25,17 @@ extern "C" {
         device_id: i32,
         args: *const moeplug_fused_moe_args,
     ) -> moeplug_status;
+    fn moeplug_aiter_args(
+        record: *const moeplug_layout,
+        activation: i32,
+        out: *mut moeplug_aiter_args_out,
+    ) -> moeplug_status;
+    fn moeplug_resolve_config(
+        device_type: i32,
+        device_id: i32,
+        args: *const moeplug_fused_moe_args,
+        out: *mut moeplug_resolved_config,
+    ) -> moeplug_status;
 }
 
 /// A checkpoint input: bytes, torch dtype, shape.
@@ -466,4 +477,157 @@ fn mxfp8_target_needs_mxfp8_weights_and_writes_the_interleave_record() {
     assert_eq!(o.shapes[2], [512, 8]);
     assert_eq!(o.shapes[3], [512, 8]);
     assert_eq!(record(&o.layout), (MXFP8, 2, 2, 2, 2, AITER_TARGET_FLAG, 7));
+}
+
+fn text(c: &[libc::c_char]) -> String {
+    let bytes: Vec<u8> = c
+        .iter()
+        .take_while(|&&b| b != 0)
+        .map(|&b| b as u8)
+        .collect();
+    String::from_utf8(bytes).unwrap()
+}
+
+fn aiter_out() -> moeplug_aiter_args_out {
+    let mut o: moeplug_aiter_args_out = unsafe { std::mem::zeroed() };
+    o.struct_size = std::mem::size_of_val(&o) as u32;
+    o
+}
+
+#[test]
+fn aiter_args_of_the_a8w4_record() {
+    let o = golden_call(A8W4, GateMode::Separated)
+        .run(mxfp4_checkpoint(GateMode::Separated, None))
+        .unwrap();
+    let mut out = aiter_out();
+    ok(unsafe { moeplug_aiter_args(&o.layout, 3, &mut out) });
+    assert_eq!(out.struct_size, 128);
+    let got = [
+        &out.gate_mode[..],
+        &out.quant_type,
+        &out.quant_type_a,
+        &out.quant_dtype_a,
+        &out.quant_dtype_a2,
+        &out.activation,
+    ]
+    .map(text);
+    assert_eq!(
+        got,
+        ["interleave", "per_1x32", "per_1x32", "fp8", "fp8", "Swiglu"]
+    );
+    assert_eq!(
+        (
+            out.hidden_pad,
+            out.intermediate_pad,
+            out.is_shuffled,
+            out.scale_swizzled
+        ),
+        (0, 0, 1, 0)
+    );
+}
+
+#[test]
+fn aiter_args_and_resolve_config_refuse_bad_arguments() {
+    use moeplug_status::*;
+    let o = golden_call(A8W4, GateMode::Separated)
+        .run(mxfp4_checkpoint(GateMode::Separated, None))
+        .unwrap();
+    let mut out = aiter_out();
+    fails(
+        unsafe { moeplug_aiter_args(std::ptr::null(), 0, &mut out) },
+        MoeplugInvalidArgument,
+        &["moeplug_aiter_args: record: must not be NULL"],
+    );
+    fails(
+        unsafe { moeplug_aiter_args(&o.layout, 9, &mut out) },
+        MoeplugInvalidArgument,
+        &["moeplug_aiter_args: activation: unknown activation value 9"],
+    );
+    out.struct_size = 64;
+    fails(
+        unsafe { moeplug_aiter_args(&o.layout, 0, &mut out) },
+        MoeplugInvalidArgument,
+        &[
+            "moeplug_aiter_args: out.struct_size: expected at least 128 (the 1.1 size of \
+           moeplug_aiter_args_out), got 64",
+        ],
+    );
+    // A record whose act dtype the format cannot run.
+    let mut l = o.layout;
+    l.prep_fingerprint = 0;
+    l.act_dtype = 5; // fp8_block128
+    let mut out = aiter_out();
+    fails(
+        unsafe { moeplug_aiter_args(&l, 0, &mut out) },
+        MoeplugLayoutMismatch,
+        &["moeplug_aiter_args: layout.act_dtype: fp8_block128 cannot be used with weight_format mxfp4"],
+    );
+
+    let mut r: moeplug_resolved_config = unsafe { std::mem::zeroed() };
+    r.struct_size = std::mem::size_of_val(&r) as u32;
+    fails(
+        unsafe { moeplug_resolve_config(1, 0, std::ptr::null(), &mut r) },
+        MoeplugInvalidArgument,
+        &["moeplug_resolve_config: args: must not be NULL"],
+    );
+    let mut a: moeplug_fused_moe_args = unsafe { std::mem::zeroed() };
+    a.struct_size = std::mem::size_of::<moeplug_fused_moe_args>() as u32;
+    a.layout = &o.layout;
+    fails(
+        unsafe { moeplug_resolve_config(99, 0, &a, &mut r) },
+        MoeplugInvalidArgument,
+        &["moeplug_resolve_config: device_type: "],
+    );
+    // An AITER record is for AITER: the launch check refuses it, and so does the resolver.
+    fails(
+        unsafe { moeplug_resolve_config(1, 0, &a, &mut r) },
+        MoeplugLayoutMismatch,
+        &["moeplug_resolve_config: args.layout.flags: AITER_TARGET"],
+    );
+    r.struct_size = 47;
+    fails(
+        unsafe { moeplug_resolve_config(1, 0, &a, &mut r) },
+        MoeplugInvalidArgument,
+        &[
+            "moeplug_resolve_config: out.struct_size: expected at least 48 (the 1.1 size of \
+           moeplug_resolved_config), got 47",
+        ],
+    );
+}
+
+#[test]
+fn resolve_config_of_a_moeplug_mxfp4_record_on_cpu_and_cuda() {
+    let o = golden_call(0, GateMode::Separated)
+        .run(mxfp4_checkpoint(GateMode::Separated, None))
+        .unwrap();
+    for (device, backend) in [(1, 1), (2, 2)] {
+        for (act_dtype, want) in [(0, 1), (6, 6), (7, 7)] {
+            let mut a: moeplug_fused_moe_args = unsafe { std::mem::zeroed() };
+            a.struct_size = std::mem::size_of::<moeplug_fused_moe_args>() as u32;
+            a.layout = &o.layout;
+            a.activation = 3;
+            a.act_dtype = act_dtype;
+            let mut r: moeplug_resolved_config = unsafe { std::mem::zeroed() };
+            r.struct_size = std::mem::size_of_val(&r) as u32;
+            ok(unsafe { moeplug_resolve_config(device, 0, &a, &mut r) });
+            // The same configuration passes the launch check where a backend is present.
+            if device == 1 {
+                ok(unsafe { moeplug_check_fused_moe(device, 0, &a) });
+            }
+            assert_eq!(
+                (r.backend, r.act_dtype, r.act_dtype_stage2, r.activation),
+                (backend, want, want, 3)
+            );
+            assert_eq!((r.alpha, r.limit), (1.702, 7.0));
+            assert_eq!(
+                (
+                    r.weight_format,
+                    r.gate_mode,
+                    r.weight_layout,
+                    r.scale_layout
+                ),
+                (MXFP4, 1, 2, 2)
+            );
+        }
+    }
 }
