@@ -1264,7 +1264,8 @@ moeplug_status moeplug_prepare_moe_sizes(const struct moeplug_prepare_moe_args *
  * reports, the dtypes of their inputs, and not overlap any input. `device_type` 2 (CUDA)
  * gets the same layout (the CUDA fused_moe reads it); all tensors are host memory, or all
  * on one device (then the work is queued on `stream`).
- * `*out_layout` (caller sets `struct_size`) is written on success.
+ * `*out_layout` (caller sets `struct_size`) is written on success. 1.1: `target` names an
+ * AITER kernel path instead (docs/aiter.md): its rows, shuffles, act dtype, host tensors only.
  */
 moeplug_status moeplug_prepare_moe(const struct moeplug_prepare_moe_args *args, void *stream);
 

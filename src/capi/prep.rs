@@ -314,7 +314,8 @@ pub unsafe extern "C" fn moeplug_prepare_moe_sizes(
 /// reports, the dtypes of their inputs, and not overlap any input. `device_type` 2 (CUDA)
 /// gets the same layout (the CUDA fused_moe reads it); all tensors are host memory, or all
 /// on one device (then the work is queued on `stream`).
-/// `*out_layout` (caller sets `struct_size`) is written on success.
+/// `*out_layout` (caller sets `struct_size`) is written on success. 1.1: `target` names an
+/// AITER kernel path instead (docs/aiter.md): its rows, shuffles, act dtype, host tensors only.
 #[no_mangle]
 pub unsafe extern "C" fn moeplug_prepare_moe(
     args: *const moeplug_prepare_moe_args,
