@@ -425,6 +425,7 @@ fn shuffle_weight() {
             is_guinterleave: 0,
             gate_up: 0,
             pad_k_to: 0,
+            out_fragment: std::ptr::null_mut(),
         },
         |a, s, d| (a.src, a.dst) = (s, d),
         MOEPLUG_SHUFFLE_WEIGHT_ARGS_SIZE_V1_0,
@@ -446,6 +447,7 @@ fn shuffle_scale() {
             num_experts: 0,
             is_guinterleave: 0,
             gate_up: 0,
+            out_fragment: std::ptr::null_mut(),
         },
         |a, s, d| (a.src, a.dst) = (s, d),
         MOEPLUG_SHUFFLE_SCALE_ARGS_SIZE_V1_0,
@@ -465,6 +467,7 @@ fn pad_weights() {
             dst: ptr::null(),
             gate_up: 1,
             fill: 0.0,
+            out_fragment: std::ptr::null_mut(),
         },
         |a, s, d| (a.src, a.dst) = (s, d),
         MOEPLUG_PAD_WEIGHTS_ARGS_SIZE_V1_0,
@@ -484,6 +487,7 @@ fn swizzle_scale() {
             src: ptr::null(),
             dst: ptr::null(),
             layout: 0,
+            out_fragment: std::ptr::null_mut(),
         },
         |a, s, d| (a.src, a.dst) = (s, d),
         MOEPLUG_SWIZZLE_SCALE_ARGS_SIZE_V1_0,
@@ -501,6 +505,7 @@ fn quantize_mx() {
         format: moeplug_weight_format::Mxfp4 as i32,
         round_mode: 0,
         shuffle_scale: 0,
+        out_fragment: std::ptr::null_mut(),
     };
     input_rule("args", &base, MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_0, |p| {
         let mut q = Buf::filled(4 * 32, &[4, 32], U8);

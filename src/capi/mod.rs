@@ -8,6 +8,8 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod args;
+mod fragment;
+pub use self::fragment::*;
 mod moe;
 pub mod panic;
 mod prep;
