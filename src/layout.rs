@@ -541,7 +541,8 @@ impl Fragment {
                 match slot {
                     Some((j, seen)) if *seen != value => {
                         return Err(Error::invalid(format!(
-                            "fragments[{i}].{name}: {value}, but fragments[{j}] established                              {seen} (the calls prepared different layouts)"
+                            "fragments[{i}].{name}: {value}, but fragments[{j}] established \
+                             {seen} (the calls prepared different layouts)"
                         )))
                     }
                     Some(_) => {}
@@ -560,8 +561,9 @@ impl Fragment {
         fn need<T>(name: &str, v: Option<T>) -> Result<T> {
             v.ok_or_else(|| {
                 Error::invalid(format!(
-                    "fragments: none establishes {name}; pass a fragment that declares it \
-                     (a field no primitive can know: docs/abi.md §8)"
+                    "fragments: none establishes {name}, which a record needs (docs/abi.md \
+                     §8 says which call establishes which field; declare the others in a \
+                     fragment of your own)"
                 ))
             })
         }
