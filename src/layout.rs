@@ -659,3 +659,122 @@ impl PreparedLayout {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Status;
+
+    fn whole() -> Fragment {
+        Fragment {
+            weight_format: Some(WeightFormat::Mxfp4),
+            weight_layout: Some(WeightLayout::Aiter16x16),
+            scale_layout: Some(ScaleLayout::AiterE8m0),
+            gate_mode: Some(GateMode::Separated),
+            num_experts: Some(8),
+            hidden_size: Some(2880),
+            intermediate_size: Some(2880),
+            hidden_padded: Some(3072),
+            intermediate_padded: Some(3072),
+            has_bias: Some(true),
+            act_dtype: Some(ActDtype::Bf16),
+        }
+    }
+
+    #[test]
+    fn a_fragment_survives_its_c_form() {
+        for f in [whole(), Fragment::default()] {
+            assert_eq!(Fragment::from_raw("f", f.to_raw()).unwrap(), f);
+        }
+        assert_eq!(Fragment::default().to_raw(), RawFragment::default());
+    }
+
+    #[test]
+    fn the_bias_codes_are_the_vocabulary_and_the_fingerprint_bits() {
+        use crate::vocab::moeplug_fragment_bias as code;
+        assert_eq!(bias_code(None), code::Unknown as i32);
+        assert_eq!(bias_code(Some(false)), code::Absent as i32);
+        assert_eq!(bias_code(Some(true)), code::Present as i32);
+        assert_eq!(bias_of_code(3), None);
+        for b in [None, Some(false), Some(true)] {
+            assert_eq!(bias_of_code(bias_code(b)), Some(b));
+            let f = Fragment {
+                has_bias: b,
+                num_experts: Some(1),
+                ..Fragment::default()
+            };
+            let x = fingerprint::encode(&f);
+            assert_eq!((x >> 14) & 3, bias_code(b) as u64);
+            assert_eq!(fingerprint::decode(x).unwrap().0.has_bias, b);
+        }
+    }
+
+    #[test]
+    fn assembly_is_the_merge_of_every_part_and_names_a_conflict() {
+        let w = whole();
+        let parts = [
+            Fragment {
+                weight_format: w.weight_format,
+                scale_layout: w.scale_layout,
+                ..Fragment::default()
+            },
+            Fragment {
+                act_dtype: w.act_dtype,
+                ..w
+            },
+        ];
+        assert_eq!(Fragment::assemble(&parts).unwrap(), w);
+        let mut other = parts[0];
+        other.scale_layout = Some(ScaleLayout::Cdna4Swizzle);
+        let e = Fragment::assemble(&[parts[0], parts[1], other]).unwrap_err();
+        assert_eq!(e.status, Status::InvalidArgument);
+        assert_eq!(
+            e.message,
+            "fragments[2].scale_layout: cdna4_swizzle, but fragments[0] established aiter_e8m0 \
+             (the calls prepared different layouts)"
+        );
+        let e = parts[0].merge(other).unwrap_err();
+        assert_eq!(
+            e.message,
+            "layout.scale_layout: one preparation produced aiter_e8m0, another cdna4_swizzle"
+        );
+    }
+
+    #[test]
+    fn a_record_needs_every_field_but_bias_and_act_dtype() {
+        let l = whole().record().unwrap();
+        assert_eq!(
+            Fragment::of_layout(&l),
+            Fragment {
+                act_dtype: None,
+                ..whole()
+            }
+        );
+        let no_bias = Fragment {
+            has_bias: None,
+            act_dtype: None,
+            ..whole()
+        };
+        assert!(!no_bias.record().unwrap().has_bias);
+        let missing = Fragment {
+            intermediate_padded: None,
+            ..whole()
+        };
+        let e = missing.record().unwrap_err();
+        assert_eq!(e.status, Status::InvalidArgument);
+        assert!(
+            e.message.starts_with(
+                "fragments: none establishes intermediate_padded, which a record needs"
+            ),
+            "{}",
+            e.message
+        );
+        // A format without block scales needs no scale layout.
+        let bf16 = Fragment {
+            weight_format: Some(WeightFormat::Bf16),
+            scale_layout: None,
+            ..whole()
+        };
+        assert_eq!(bf16.record().unwrap().scale_layout, None);
+    }
+}
