@@ -609,7 +609,8 @@ typedef struct moeplug_caps {
 /**
  * The layout record: what preparation produced and what the launch checks. Plain data, safe
  * to store next to cached weights. Written by `moeplug_prepare_moe`; engines that prepare
- * with the primitives fill it themselves. Pads are derived from the sizes.
+ * with the primitives assemble it from their fragments (`moeplug_layout_from_fragments`,
+ * 1.1) or fill it themselves. Pads are derived from the sizes.
  */
 typedef struct moeplug_layout {
   uint32_t struct_size;
@@ -668,9 +669,10 @@ typedef struct moeplug_layout {
    */
   uint32_t reserved1;
   /**
-   * 1.1: what preparation produced, sealed by `moeplug_prepare_moe` (docs/abi.md
-   * "Layout fingerprint"); the launch refuses a record that contradicts it with
-   * LAYOUT_MISMATCH naming the field. 0 = none (a record filled by hand; 1.0 behaviour).
+   * 1.1: what preparation produced, sealed by `moeplug_prepare_moe` or
+   * `moeplug_layout_from_fragments` (docs/abi.md §8); the launch refuses a record that
+   * contradicts it with LAYOUT_MISMATCH naming the field. 0 = none (a record filled by
+   * hand; 1.0 behaviour).
    */
   uint64_t prep_fingerprint;
 } moeplug_layout;

@@ -107,7 +107,8 @@ impl moeplug_tensor {
 
 /// The layout record: what preparation produced and what the launch checks. Plain data, safe
 /// to store next to cached weights. Written by `moeplug_prepare_moe`; engines that prepare
-/// with the primitives fill it themselves. Pads are derived from the sizes.
+/// with the primitives assemble it from their fragments (`moeplug_layout_from_fragments`,
+/// 1.1) or fill it themselves. Pads are derived from the sizes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct moeplug_layout {
@@ -140,9 +141,10 @@ pub struct moeplug_layout {
     pub act_dtype: i32,
     /// Reserved: written as zero; must be zero when read.
     pub reserved1: u32,
-    /// 1.1: what preparation produced, sealed by `moeplug_prepare_moe` (docs/abi.md
-    /// "Layout fingerprint"); the launch refuses a record that contradicts it with
-    /// LAYOUT_MISMATCH naming the field. 0 = none (a record filled by hand; 1.0 behaviour).
+    /// 1.1: what preparation produced, sealed by `moeplug_prepare_moe` or
+    /// `moeplug_layout_from_fragments` (docs/abi.md §8); the launch refuses a record that
+    /// contradicts it with LAYOUT_MISMATCH naming the field. 0 = none (a record filled by
+    /// hand; 1.0 behaviour).
     pub prep_fingerprint: u64,
 }
 
