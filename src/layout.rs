@@ -178,18 +178,11 @@ impl Fragment {
 ///
 /// A whole value of zero is "no fingerprint" (a 1.0 record, or one filled by hand).
 pub mod fingerprint {
-    use super::Fragment;
+    use super::{Fragment, SIZE_NAMES};
     use crate::error::{Error, Result};
     use crate::types::{ActDtype, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
     const VERSION: u64 = 1;
-    const SIZE_FIELDS: [&str; 5] = [
-        "num_experts",
-        "hidden_size",
-        "intermediate_size",
-        "hidden_padded",
-        "intermediate_padded",
-    ];
 
     /// 1..=255 for a size (0 marks "not produced"): a changed size goes unnoticed with
     /// probability 1/255.
@@ -202,16 +195,6 @@ pub mod fingerprint {
         1 + z % 255
     }
 
-    fn sizes(f: &Fragment) -> [Option<usize>; 5] {
-        [
-            f.num_experts,
-            f.hidden_size,
-            f.intermediate_size,
-            f.hidden_padded,
-            f.intermediate_padded,
-        ]
-    }
-
     /// The fingerprint of a fragment; 0 only for an empty one.
     pub fn encode(f: &Fragment) -> u64 {
         let e = |v: Option<i32>| v.map_or(0, |v| v as u64);
@@ -221,7 +204,7 @@ pub mod fingerprint {
             | e(f.scale_layout.map(|v| v as i32)) << 8
             | e(f.act_dtype.map(|v| v as i32)) << 10
             | (super::bias_code(f.has_bias) as u64) << 14;
-        for (i, s) in sizes(f).iter().enumerate() {
+        for (i, s) in f.sizes().iter().enumerate() {
             x |= s.map_or(0, digest) << (16 + 8 * i);
         }
         if x == 0 {
@@ -324,7 +307,7 @@ pub mod fingerprint {
             Some(false) => "no HAS_BIAS".to_string(),
             None => "none".to_string(),
         })?;
-        for ((name, want), got) in SIZE_FIELDS.iter().zip(digests).zip(sizes(record)) {
+        for ((name, want), got) in SIZE_NAMES.iter().zip(digests).zip(record.sizes()) {
             if want != 0 && got.map(digest) != Some(want) {
                 return Err(Error::mismatch(format!(
                     "layout.{name}: {} differs from the size preparation produced \

@@ -59,22 +59,8 @@ unsafe fn read_fragment(ptr: *const moeplug_layout_fragment, name: &str) -> Resu
     )
 }
 
-/// A primitive's optional `out_fragment`, checked before the call does any work: None when
-/// NULL (a 1.0 caller's struct reads it as NULL), else the caller's `struct_size`.
-///
-/// # Safety
-/// `ptr` is NULL or points to a fragment of at least `struct_size` bytes.
-pub(crate) unsafe fn out_fragment(
-    ptr: *mut moeplug_layout_fragment,
-) -> Result<Option<OutFragment>> {
-    if ptr.is_null() {
-        return Ok(None);
-    }
-    let size = out_struct_size(ptr, "out_fragment")?;
-    Ok(Some(OutFragment { ptr, size }))
-}
-
-/// Where a primitive writes its fragment once its work is done (or queued).
+/// A primitive's optional `out_fragment` (NULL: a 1.0 caller's struct reads it as NULL),
+/// checked before the call does any work and written once the work is done (or queued).
 pub(crate) struct OutFragment {
     ptr: *mut moeplug_layout_fragment,
     size: usize,
@@ -82,9 +68,24 @@ pub(crate) struct OutFragment {
 
 impl OutFragment {
     /// # Safety
-    /// As [`out_fragment`].
+    /// `ptr` is NULL or points to a fragment of at least `struct_size` bytes.
+    pub(crate) unsafe fn new(ptr: *mut moeplug_layout_fragment) -> Result<OutFragment> {
+        let size = if ptr.is_null() {
+            0
+        } else {
+            out_struct_size(ptr, "out_fragment")?
+        };
+        Ok(OutFragment { ptr, size })
+    }
+
+    /// Write what the call established (nothing when NULL).
+    ///
+    /// # Safety
+    /// As [`OutFragment::new`]; call it on success only.
     pub(crate) unsafe fn write(self, f: &Fragment) {
-        write_struct(self.ptr, &to_c(f), self.size);
+        if !self.ptr.is_null() {
+            write_struct(self.ptr, &to_c(f), self.size);
+        }
     }
 }
 

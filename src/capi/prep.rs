@@ -7,7 +7,7 @@
 use super::args::{
     enum_or, flag, optional_tensor, out_struct_size, read_struct, tensor, write_struct,
 };
-use super::fragment::out_fragment;
+use super::fragment::OutFragment;
 use super::panic::{guard, symver};
 use super::status;
 use super::types::*;
@@ -37,7 +37,7 @@ pub unsafe extern "C" fn moeplug_shuffle_weight(
 ) -> moeplug_status {
     status(guard("moeplug_shuffle_weight", || {
         let a = read_struct(args, "args")?;
-        let fragment = out_fragment(a.out_fragment)?;
+        let fragment = OutFragment::new(a.out_fragment)?;
         let job = ShuffleWeight {
             src: tensor(a.src, "src")?,
             dst: tensor(a.dst, "dst")?,
@@ -50,9 +50,7 @@ pub unsafe extern "C" fn moeplug_shuffle_weight(
         }
         .plan()?;
         job.run(stream)?;
-        if let Some(out) = fragment {
-            out.write(&job.fragment);
-        }
+        fragment.write(&job.fragment);
         Ok(())
     }))
 }
@@ -71,7 +69,7 @@ pub unsafe extern "C" fn moeplug_shuffle_scale(
 ) -> moeplug_status {
     status(guard("moeplug_shuffle_scale", || {
         let a = read_struct(args, "args")?;
-        let fragment = out_fragment(a.out_fragment)?;
+        let fragment = OutFragment::new(a.out_fragment)?;
         let job = ShuffleScale {
             src: tensor(a.src, "src")?,
             dst: tensor(a.dst, "dst")?,
@@ -81,9 +79,7 @@ pub unsafe extern "C" fn moeplug_shuffle_scale(
         }
         .plan()?;
         job.run(stream)?;
-        if let Some(out) = fragment {
-            out.write(&job.fragment);
-        }
+        fragment.write(&job.fragment);
         Ok(())
     }))
 }
@@ -100,7 +96,7 @@ pub unsafe extern "C" fn moeplug_pad_weights(
 ) -> moeplug_status {
     status(guard("moeplug_pad_weights", || {
         let a = read_struct(args, "args")?;
-        let fragment = out_fragment(a.out_fragment)?;
+        let fragment = OutFragment::new(a.out_fragment)?;
         let job = PadWeights {
             src: tensor(a.src, "src")?,
             dst: tensor(a.dst, "dst")?,
@@ -109,9 +105,7 @@ pub unsafe extern "C" fn moeplug_pad_weights(
         }
         .plan()?;
         job.run(stream)?;
-        if let Some(out) = fragment {
-            out.write(&job.fragment);
-        }
+        fragment.write(&job.fragment);
         Ok(())
     }))
 }
@@ -128,7 +122,7 @@ pub unsafe extern "C" fn moeplug_swizzle_scale(
 ) -> moeplug_status {
     status(guard("moeplug_swizzle_scale", || {
         let a = read_struct(args, "args")?;
-        let fragment = out_fragment(a.out_fragment)?;
+        let fragment = OutFragment::new(a.out_fragment)?;
         let layout = enum_or(a.layout, ScaleLayout::Cdna4Swizzle, |r| {
             ScaleLayout::from_raw("layout", r)
         })?;
@@ -139,9 +133,7 @@ pub unsafe extern "C" fn moeplug_swizzle_scale(
         }
         .plan()?;
         job.run(stream)?;
-        if let Some(out) = fragment {
-            out.write(&job.fragment);
-        }
+        fragment.write(&job.fragment);
         Ok(())
     }))
 }
@@ -162,7 +154,7 @@ pub unsafe extern "C" fn moeplug_quantize_mx(
 ) -> moeplug_status {
     status(guard("moeplug_quantize_mx", || {
         let a = read_struct(args, "args")?;
-        let fragment = out_fragment(a.out_fragment)?;
+        let fragment = OutFragment::new(a.out_fragment)?;
         let format = enum_or(a.format, WeightFormat::Mxfp4, |r| {
             WeightFormat::from_raw("format", r)
         })?;
@@ -183,9 +175,7 @@ pub unsafe extern "C" fn moeplug_quantize_mx(
         }
         .plan()?;
         job.run_reporting(stream, "moeplug_quantize_mx", written)?;
-        if let Some(out) = fragment {
-            out.write(&job.fragment);
-        }
+        fragment.write(&job.fragment);
         Ok(())
     }))
 }
