@@ -19,7 +19,9 @@
 // stays in flight.
 //
 // Covered (heuristics::wgmma_spec_unsupported): bf16 x bf16 and fp16 x fp16 (activations of
-// the weights' type, the caller's dtype), and e4m3fn weights (per tensor, per channel,
+// the weights' type, the caller's dtype), MXFP4 weights with bf16 activations (each thread
+// loads one 16-byte pack of 32 codes a step ahead into registers and writes it to the weight
+// tile as bf16 with its e8m0 scale folded in: a power of two, exact), and e4m3fn weights (per tensor, per channel,
 // block 128) with fp8 activations (per token, per tensor, block 128). fp8 products are summed
 // in two levels: each step's MMAs go to a partial sum that is added into the fp32
 // accumulator (the tensor core's fp8 sums keep ~14 bits), scaled there by the block-128
@@ -41,6 +43,10 @@
 #define WG_B_BYTES (WG_B_ROWS * WG_ROW)  // weight tile of one stage
 #define WG_STAGE_BYTES (WG_A_BYTES + WG_B_BYTES)
 #define WG_ESIZE (ACT_Q ? 1 : 2)     // operand bytes per value
+#define WG_MX4 (WFMT == WF_MXFP4)    // weights decoded to bf16 into the weight tile
+#if WG_MX4 && (ACT_Q || ACT_F16 || WG_B_ROWS != 128)
+#error "MXFP4 weights: bf16 activations, 128 weight rows per block (one pack per thread)"
+#endif
 #define WG_KSTEP (WG_ROW / WG_ESIZE)  // K values per step
 #define WG_FOLD (ACT_Q != 0)                 // fp8: two-level sums
 #define WG_KSCALE (WFMT == WF_FP8_BLOCK128)  // a weight/activation scale per step
@@ -134,7 +140,7 @@ __device__ void moe_gemm_wg(const Params& p) {
   int K = GATED ? p.H : p.I;
   int Kst = GATED ? p.Hp : p.Ip;
   int Nst = GATED ? 2 * p.Ip : p.Hp;
-  i64 wrow_bytes = (i64)Kst * WG_ESIZE;
+  i64 wrow_bytes = WG_MX4 ? (i64)Kst / 2 : (i64)Kst * WG_ESIZE;  // stored weight row
   const u8* W = (const u8*)(GATED ? p.w13 : p.w2) + (i64)e * Nst * wrow_bytes;
   const u8* S = (const u8*)(GATED ? p.w13_scale : p.w2_scale);
   i64 kbytes = (i64)K * WG_ESIZE;  // bytes of a row that are real columns
@@ -174,6 +180,46 @@ __device__ void moe_gemm_wg(const Params& p) {
 #endif
   }
 
+#if WG_MX4
+  // This thread's weight pack: row mr (rows (tid & 15) of 16-row group tid >> 5), 32 codes
+  // from column 32 (2 ks + mc).
+  int mr = 16 * (tid >> 5) + (tid & 15), mc = (tid >> 4) & 1;
+  bool mok;
+  int mR = wg_row<GATED>(p, n0, mr, mok);
+#if WLAYOUT == WL_AITER_16X16
+  const u8* msrc = W + (i64)(mR >> 4) * (wrow_bytes / 16) * 256 + (mR & 15) * 16;
+  const int mstride = 256;  // bytes between a row's consecutive packs
+#else
+  const u8* msrc = W + (i64)mR * wrow_bytes;
+  const int mstride = 16;
+#endif
+  uint4 mraw = make_uint4(0u, 0u, 0u, 0u);
+  float mscale = 0.0f;
+  auto mx_fetch = [&](int ks) {
+    int kc = 2 * ks + mc;
+    bool ok = mok && kc * 32 < K;
+    mraw = ok ? *(const uint4*)(msrc + (i64)kc * mstride) : make_uint4(0u, 0u, 0u, 0u);
+    mscale = ok ? mp_e8m0_to_f32(S[mx_scale_offset(e, mR, Nst, kc, Kst >> 5)]) : 0.0f;
+  };
+  auto mx_store = [&](int ks) {
+    u32 sb = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES;
+    u32 words[4] = {mraw.x, mraw.y, mraw.z, mraw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // word i: codes 8 i .. 8 i + 7 -> one 16-byte chunk
+      u32 o[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        u32 lo = __float_as_uint(mp_e2m1_to_f32((words[i] >> (8 * j)) & 15u) * mscale) >> 16;
+        u32 hi = __float_as_uint(mp_e2m1_to_f32((words[i] >> (8 * j + 4)) & 15u) * mscale) >> 16;
+        o[j] = lo | hi << 16;
+      }
+      asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(sb + swz(mr, 4 * mc + i)),
+                   "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3])
+                   : "memory");
+    }
+  };
+#endif
+
   auto load_step = [&](int ks) {
     u32 sa = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES, sb = sa + WG_A_BYTES;
 #pragma unroll
@@ -183,7 +229,7 @@ __device__ void moe_gemm_wg(const Params& p) {
       cp_async16(sa + swz((tid >> 3) + 32 * i, ac), ok ? asrc[i] + off : (const u8*)p.x, ok ? 16 : 0);
     }
 #pragma unroll
-    for (int i = 0; i < WG_B_CHUNKS; ++i) {
+    for (int i = 0; i < (WG_MX4 ? 0 : WG_B_CHUNKS); ++i) {
       int kc = ks * (WG_ROW / 16) + bc;
       bool ok = bsrc[i] && (i64)kc * 16 < kbytes;
 #if WLAYOUT == WL_AITER_16X16
@@ -221,9 +267,17 @@ __device__ void moe_gemm_wg(const Params& p) {
     cp_async_commit();
   }
   u32 a_wg = (u32)(a_row0 * WG_ROW), b_wg = (u32)(b_row0 * WG_ROW);
+#if WG_MX4
+  mx_fetch(0);
+#endif
   for (int ks = 0; ks < nk; ++ks) {
+#if WG_MX4
+    // Stage ks % WG_STAGES was last read by step ks - WG_STAGES, done before the last barrier.
+    mx_store(ks);
+    if (ks + 1 < nk) mx_fetch(ks + 1);  // next step's pack flies during this step
+#endif
     cp_async_wait<WG_STAGES - 3>();  // this thread's copies of step ks have landed
-    fence_proxy_async();
+    fence_proxy_async();  // the copies and the decoded weights, for the async proxy
     __syncthreads();  // everyone's have; and every warpgroup is done with step ks - 2
     if (ks + WG_STAGES - 2 < nk) load_step(ks + WG_STAGES - 2);
     cp_async_commit();

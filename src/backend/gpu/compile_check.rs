@@ -74,6 +74,9 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                             if !keep(&spec) && spec.wgmma_n != 128 {
                                 spec.wgmma_n = 128; // 256 rows do not fit every tile
                             }
+                            if !keep(&spec) && spec.wgmma_bm != 128 {
+                                spec.wgmma_bm = 128; // MXFP4 fills 128 x 128 blocks only
+                            }
                             if keep(&spec) {
                                 out.push(spec);
                                 chosen += 1;

@@ -148,7 +148,14 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
             matches!(spec.act_dtype, A::Fp8PerToken | A::Fp8PerTensor)
         }
         W::Fp8Block128 => spec.act_dtype == A::Fp8Block128,
-        W::Mxfp4 | W::Mxfp8 => false,
+        // One 32-code pack per thread per step fills exactly a 128 x 128 block.
+        W::Mxfp4 => {
+            act16(A::Bf16, false)
+                && spec.wgmma_bm == 128
+                && spec.wgmma_n == 128
+                && spec.wgmma_blocks == 1
+        }
+        W::Mxfp8 => false,
     };
     if !format_ok {
         return Some("format / activation dtype pairing not covered");
@@ -184,7 +191,11 @@ pub fn wgmma_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Opti
     let l = &launch.config.layout;
     // 16-byte copies: a copy never straddles the last real column, weight rows are whole
     // copies, and AITER 16-row groups of the up half start on a group.
-    let v = if spec.act_dtype.is_quantized() { 16 } else { 8 };
+    let v = match spec.weight_format {
+        WeightFormat::Mxfp4 => 32,
+        _ if spec.act_dtype.is_quantized() => 16,
+        _ => 8,
+    };
     let sizes = [
         l.hidden_size,
         l.intermediate_size,
