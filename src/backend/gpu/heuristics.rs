@@ -24,6 +24,10 @@ pub const STREAM_MAX_PAIRS_PER_EXPERT: [usize; 2] = [32, 16];
 /// pairs DeepSeek-V3 fp8 takes 5.6 ms on wgmma against 9.3 on stream and gpt-oss bf16 3.1
 /// against 3.5 on tile32; at 16 pairs stream is 1.3-1.6x faster.
 pub const WGMMA_MIN_PAIRS_PER_EXPERT: usize = 32;
+/// MXFP4 weights stream through registers one step ahead in the wgmma family, which hides
+/// HBM latency only with enough pairs to reuse them: at 32 pairs gpt-oss took 5.2 ms there
+/// against 2.5 on stream, at 128 pairs 7.7 against 20.9 on tile32 (bench/NOTES.md).
+pub const WGMMA_MIN_PAIRS_PER_EXPERT_MXFP4: usize = 64;
 
 /// `MOEPLUG_WGMMA_N=128|256`, `MOEPLUG_WGMMA_BM=64|128`, `MOEPLUG_WGMMA_BLOCKS=1|2`:
 /// diagnostic overrides of the wgmma family's block shape and blocks per SM (benchmarks). The
@@ -334,7 +338,11 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
         launch.config.layout.weight_format,
         WeightFormat::Bf16 | WeightFormat::Fp16
     );
-    if wgmma_ok && pairs_per_expert >= WGMMA_MIN_PAIRS_PER_EXPERT {
+    let wgmma_min = match launch.config.layout.weight_format {
+        WeightFormat::Mxfp4 => WGMMA_MIN_PAIRS_PER_EXPERT_MXFP4,
+        _ => WGMMA_MIN_PAIRS_PER_EXPERT,
+    };
+    if wgmma_ok && pairs_per_expert >= wgmma_min {
         Family::Wgmma
     } else if stream_ok && pairs_per_expert <= STREAM_MAX_PAIRS_PER_EXPERT[sixteen_bit as usize] {
         Family::Stream
