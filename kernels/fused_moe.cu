@@ -7,6 +7,8 @@
 //   FAMILY_TILE32  mma.sync, 32 rows x 128 weight rows per block: sm_80+ (moe_gemm_tile32.cuh)
 //   FAMILY_STREAM  swap-AB weight streaming for few tokens per expert: sm_80+, fp8 MMA on
 //                  sm_89+ (moe_gemm_stream.cuh)
+//   FAMILY_MFMA    AMD matrix cores (MFMA, wave64), 32 rows x 128 weight rows per block:
+//                  gfx942 / gfx950 (moe_gemm_mfma.cuh)
 #include "moe_common.cuh"
 
 #if FAMILY == FAMILY_FP32
@@ -15,6 +17,8 @@
 #include "moe_gemm_tile32.cuh"
 #elif FAMILY == FAMILY_STREAM
 #include "moe_gemm_stream.cuh"
+#elif FAMILY == FAMILY_MFMA
+#include "moe_gemm_mfma.cuh"
 #else
 #error "unknown FAMILY"
 #endif

@@ -18,7 +18,7 @@ use crate::types::{ActDtype, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 /// pairs per expert is 8 % faster on tile32, MXFP4 and fp8 2.4-2.8x faster on stream.
 pub const STREAM_MAX_PAIRS_PER_EXPERT: [usize; 2] = [32, 16];
 
-/// `MOEPLUG_GPU_FAMILY=fp32|tile32|stream`: a diagnostic preference (benchmarks and tests
+/// `MOEPLUG_GPU_FAMILY=fp32|tile32|stream|mfma`: a diagnostic preference (benchmarks and tests
 /// run every family on the same shapes); a family that cannot run a launch is never forced.
 static PREFERENCE: Lazy<Option<Family>> = Lazy::new(|| {
     std::env::var("MOEPLUG_GPU_FAMILY")
@@ -37,6 +37,27 @@ static SPLIT_K_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| {
 /// "sm_90" -> 90.
 pub fn sm_version(arch: &str) -> Option<u32> {
     arch.strip_prefix("sm_").and_then(|v| v.parse().ok())
+}
+
+/// The AMD archs the MFMA family is written and compiled for: CDNA3 (MI300) and CDNA4 (MI355).
+/// Others (gfx90a's MFMA has no fp8, RDNA has no MFMA and runs wave32) get the fp32 family.
+pub const MFMA_ARCHS: [&str; 2] = ["gfx942", "gfx950"];
+
+/// Whether the MFMA family can run on the HIP arch `arch` ("gfx942", or a full target id such
+/// as "gfx942:sramecc+:xnack-"). It covers every format, layout and dtype pairing, so the arch
+/// is the only condition.
+pub fn mfma_arch(arch: &str) -> bool {
+    super::hip::parse_gcn_arch(arch).is_some_and(|p| MFMA_ARCHS.contains(&p))
+}
+
+/// The family for a launch on the HIP arch `arch`: MFMA where it runs, else fp32; the
+/// diagnostic preference may only ask for fp32.
+fn choose_hip(arch: &str) -> Family {
+    if *PREFERENCE == Some(Family::Fp32) || !mfma_arch(arch) {
+        Family::Fp32
+    } else {
+        Family::Mfma
+    }
 }
 
 /// Weight values per 16-byte pack (the stream family's K granule).
@@ -106,12 +127,13 @@ pub fn stream_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Opt
     None
 }
 
-/// Whether `choose` can return `family` for some launch of this configuration on `sm`.
+/// Whether `choose` can return `family` for some launch of this configuration on CUDA `sm`.
 pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
     match spec.family {
         Family::Fp32 => sm < 80,
         Family::Tile32 => sm >= 80,
         Family::Stream => stream_spec_unsupported(sm, spec).is_none(),
+        Family::Mfma => false, // AMD only
     }
 }
 
@@ -165,9 +187,12 @@ pub fn stream_split_k(steps: usize, row_groups: usize) -> u32 {
 
 /// The family for this launch on `arch`.
 pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
-    let Some(sm) = sm_version(arch).filter(|&sm| sm >= 80) else {
-        return Family::Fp32; // HIP and pre-Ampere CUDA
+    let Some(sm) = sm_version(arch) else {
+        return choose_hip(arch);
     };
+    if sm < 80 {
+        return Family::Fp32;
+    }
     let spec = KernelSpec::for_launch(launch, Family::Stream);
     let stream_ok = stream_unsupported(sm, &spec, launch).is_none();
     match *PREFERENCE {

@@ -16,16 +16,21 @@ pub enum Family {
     Tile32 = 1,
     /// Swap-AB weight streaming for few tokens per expert: CUDA sm_80+ (moe_gemm_stream.cuh).
     Stream = 2,
+    /// AMD matrix cores (MFMA, wave64), 32 sorted rows x 128 weight rows per block: HIP
+    /// gfx942 / gfx950 (moe_gemm_mfma.cuh). Compiled in CI, never run by the project: the
+    /// self-test before first use decides whether a device may select it.
+    Mfma = 3,
 }
 
 impl Family {
-    pub const ALL: [Family; 3] = [Family::Fp32, Family::Tile32, Family::Stream];
+    pub const ALL: [Family; 4] = [Family::Fp32, Family::Tile32, Family::Stream, Family::Mfma];
 
     pub fn name(self) -> &'static str {
         match self {
             Family::Fp32 => "fp32",
             Family::Tile32 => "tile32",
             Family::Stream => "stream",
+            Family::Mfma => "mfma",
         }
     }
 
@@ -37,7 +42,7 @@ impl Family {
     pub fn tile_rows(self) -> usize {
         match self {
             Family::Stream => 16,
-            Family::Fp32 | Family::Tile32 => 32,
+            Family::Fp32 | Family::Tile32 | Family::Mfma => 32,
         }
     }
 }
@@ -92,7 +97,7 @@ impl KernelSpec {
     pub fn block_columns(&self) -> (usize, usize) {
         match self.family {
             Family::Fp32 => (64, 64),
-            Family::Tile32 => (64, 128),
+            Family::Tile32 | Family::Mfma => (64, 128),
             Family::Stream => {
                 let groups = |kw: u32| 8 / kw.clamp(1, 8) as usize;
                 (16 * groups(self.split_k[0]), 32 * groups(self.split_k[1]))
