@@ -226,6 +226,27 @@ mod tests {
     }
 
     #[test]
+    fn mfma_runs_on_cdna3_and_cdna4_only() {
+        for arch in [
+            "gfx942",
+            "gfx950",
+            "gfx942:sramecc+:xnack-",
+            "gfx950:xnack-",
+        ] {
+            assert!(mfma_arch(arch), "{arch}");
+        }
+        for arch in ["gfx90a", "gfx908", "gfx1100", "gfx9420", "sm_90", "gfx", ""] {
+            assert!(!mfma_arch(arch), "{arch}");
+        }
+        // Never a CUDA family, on any sm.
+        let spec = super::super::compile_check::specs_where(|s| s.family == Family::Mfma);
+        assert!(!spec.is_empty());
+        for sm in [70, 80, 89, 90, 100] {
+            assert!(spec.iter().all(|s| !selectable(sm, s)), "sm_{sm}");
+        }
+    }
+
+    #[test]
     fn arch_strings() {
         assert_eq!(sm_version("sm_90"), Some(90));
         assert_eq!(sm_version("sm_100"), Some(100));

@@ -183,6 +183,7 @@ mod tests {
             "#define WL_AITER_16X16 2",
             "#define SL_CDNA4_SWIZZLE 3",
             "#define FAMILY_STREAM 2",
+            "#define FAMILY_MFMA 3",
         ] {
             assert!(p.contains(line), "{line} missing from\n{p}");
         }
