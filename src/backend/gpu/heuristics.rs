@@ -50,6 +50,16 @@ pub fn mfma_arch(arch: &str) -> bool {
     super::hip::parse_gcn_arch(arch).is_some_and(|p| MFMA_ARCHS.contains(&p))
 }
 
+/// Every family `choose` may give a launch on the HIP arch `arch`, preferred first: what the
+/// self-test before first use has to try on that device (docs/hip.md).
+pub fn hip_families(arch: &str) -> Vec<Family> {
+    if mfma_arch(arch) {
+        vec![Family::Mfma, Family::Fp32]
+    } else {
+        vec![Family::Fp32]
+    }
+}
+
 /// The family for a launch on the HIP arch `arch`: MFMA where it runs, else fp32; the
 /// diagnostic preference may only ask for fp32.
 fn choose_hip(arch: &str) -> Family {
@@ -238,6 +248,9 @@ mod tests {
         for arch in ["gfx90a", "gfx908", "gfx1100", "gfx9420", "sm_90", "gfx", ""] {
             assert!(!mfma_arch(arch), "{arch}");
         }
+        assert_eq!(hip_families("gfx950"), [Family::Mfma, Family::Fp32]);
+        assert_eq!(hip_families("gfx942:sramecc+:xnack-")[0], Family::Mfma);
+        assert_eq!(hip_families("gfx1100"), [Family::Fp32]);
         // Never a CUDA family, on any sm.
         let spec = super::super::compile_check::specs_where(|s| s.family == Family::Mfma);
         assert!(!spec.is_empty());
