@@ -18,6 +18,7 @@
 #   MOEPLUG_ZIG_PYTHON  python with ziglang installed (default .venv/bin/python)
 #   ROCM_DEVICE_LIBS    rocm-device-libs bitcode dir (default Debian's)
 #   MOEPLUG_HIP_CHECK_EVERY=N  compile only every N-th configuration (a quick local look)
+#   MOEPLUG_HIP_CHECK_ONLY=WORD  compile only the configurations whose name has WORD (e.g. mfma)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -129,6 +130,7 @@ while IFS=$'\t' read -r kind what src arch expect options; do
     echo "excluded  $what: $src"
     continue
   fi
+  [[ $what == *"${MOEPLUG_HIP_CHECK_ONLY:-}"* ]] || continue
   seen=$((seen + 1))
   [ $(((seen - 1) % every)) -eq 0 ] || continue
   n=$((n + 1))
