@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
   int max_tiles = E + (pairs + BM - 1) / BM;
   std::vector<int> pair_local(pairs), tile_expert(max_tiles), rows((size_t)max_tiles * BM);
 
-  int ng1 = QG ? H / QG : 1, ng2 = QG ? I / QG : 1;
+  int ng1 = QG ? (H + QG - 1) / QG : 1, ng2 = QG ? (I + QG - 1) / QG : 1;  // launch::scale_groups
   std::vector<u16> inter((size_t)pairs * I);
   std::vector<float> y((size_t)pairs * H, 0.0f), xs(M * ng1), as(pairs * ng2);
   std::vector<u8> xq((size_t)M * H), aq((size_t)pairs * I);
