@@ -2,7 +2,9 @@
 //! hipRTC, with the headers) into DIR and prints every configuration it can select, with the
 //! exact hipRTC options, for `scripts/hip_compile_check.sh`:
 //!
-//!   compile <TAB> what <TAB> DIR/<unit> <TAB> arch <TAB> option option ...
+//!   compile <TAB> what <TAB> DIR/<unit> <TAB> arch <TAB> mfma <TAB> option option ...
+//!
+//! where `mfma` is the matrix-core instruction both GEMM kernels must contain, or `-`.
 //!   exclude <TAB> family <TAB> reason
 //!
 //! usage: cargo run --release --example kernel_configs -- DIR gfx942 gfx950
@@ -36,9 +38,14 @@ fn main() {
         write(unit.file, &(unit.source)());
         let path = dir.join(unit.file);
         for arch in archs {
-            for (what, defines) in (unit.configs)() {
-                let options = hiprtc_options(arch, &defines).join(" ");
-                println!("compile\t{what}\t{}\t{arch}\t{options}", path.display());
+            for c in (unit.configs)(arch) {
+                let options = hiprtc_options(arch, &c.defines).join(" ");
+                println!(
+                    "compile\t{}\t{}\t{arch}\t{}\t{options}",
+                    c.what,
+                    path.display(),
+                    c.mfma.unwrap_or("-")
+                );
             }
         }
     }

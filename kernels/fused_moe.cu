@@ -8,6 +8,8 @@
 //   FAMILY_STREAM  swap-AB weight streaming for few tokens per expert: sm_80+, fp8 MMA on
 //                  sm_89+ (moe_gemm_stream.cuh)
 //   FAMILY_WGMMA   wgmma on 128-row tiles, cp.async ring: sm_90a (moe_gemm_wgmma.cuh)
+//   FAMILY_MFMA    AMD matrix cores (MFMA, wave64), 32 rows x 128 weight rows per block:
+//                  gfx942 / gfx950 (moe_gemm_mfma.cuh)
 #include "moe_common.cuh"
 
 #if FAMILY == FAMILY_FP32
@@ -18,6 +20,8 @@
 #include "moe_gemm_stream.cuh"
 #elif FAMILY == FAMILY_WGMMA
 #include "moe_gemm_wgmma.cuh"
+#elif FAMILY == FAMILY_MFMA
+#include "moe_gemm_mfma.cuh"
 #else
 #error "unknown FAMILY"
 #endif

@@ -7,7 +7,10 @@
 # The example writes each translation unit exactly as the backend compiles it (ABI prelude
 # included) with the kernel headers. Each configuration is compiled to assembly, assembled and
 # linked into a code object as hipRTC would hand the loader (one job per core); the object
-# must be for the arch and hold a descriptor for every kernel.
+# must be for the arch and hold a descriptor for every kernel. An MFMA-family configuration
+# must also have, in both GEMM kernels (moe_stage1, moe_stage2), the matrix-core instruction
+# the host names for it (kernel_configs::expected_mfma: the operand type it should use on that
+# arch), and no scratch (spills), as the NVRTC check refuses spills.
 # Prints every configuration with its kernel count and MFMA instruction count; exits 1 on any
 # error.
 #
@@ -15,6 +18,7 @@
 #   MOEPLUG_ZIG_PYTHON  python with ziglang installed (default .venv/bin/python)
 #   ROCM_DEVICE_LIBS    rocm-device-libs bitcode dir (default Debian's)
 #   MOEPLUG_HIP_CHECK_EVERY=N  compile only every N-th configuration (a quick local look)
+#   MOEPLUG_HIP_CHECK_ONLY=WORD  compile only the configurations whose name has WORD (e.g. mfma)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -68,8 +72,8 @@ configs=$(cargo run -q --release --example kernel_configs -- "$work/src" "${arch
 # One configuration: hipRTC options -> assembly -> object -> code object, then the checks.
 # Writes one result line to $out.result ("ok ..." or "FAILED ...", then the reasons).
 check_one() {
-  local out=$1 what=$2 src=$3 arch=$4 options=$5
-  local defines problems=() flags want kernels symbols nkernels mfma scratch
+  local out=$1 what=$2 src=$3 arch=$4 expect=$5 options=$6
+  local defines problems=() flags want kernels symbols nkernels mfma scratch per_kernel k n
   defines=$(tr ' ' '\n' <<<"$options" | grep '^-D' | tr '\n' ' ' || true)
   # shellcheck disable=SC2086 # options are the host's hipRTC options, one word each
   if ! zig clang -x hip --cuda-device-only -nogpulib -nogpuinc \
@@ -94,11 +98,25 @@ check_one() {
   [ "$nkernels" -gt 0 ] || problems+=("no kernels")
   mfma=$(grep -cE '^[[:space:]]*v_(mfma|smfmac)' "$out.s" || true)
   scratch=$(awk '$1 == ".amdhsa_private_segment_fixed_size" && $2 > m {m = $2} END {print m + 0}' "$out.s")
+  if [ "$expect" != - ]; then
+    # Instructions per function: a function runs from its label to its .Lfunc_end.
+    per_kernel=$(awk -v insn="$expect" '
+      /^[A-Za-z_][A-Za-z0-9_]*:/ {fn = $1; sub(/:$/, "", fn)}
+      /^\.Lfunc_end/ {fn = ""}
+      fn != "" && $1 == insn {n[fn]++}
+      END {for (f in n) print f, n[f]}' "$out.s")
+    for k in moe_stage1 moe_stage2; do
+      n=$(awk -v k="$k" '$1 == k {print $2}' <<<"$per_kernel")
+      [ "${n:-0}" -gt 0 ] || problems+=("$k has no $expect")
+    done
+    [ "$scratch" -eq 0 ] || problems+=("scratch ${scratch}B (spills) in an MFMA configuration")
+  fi
   if [ ${#problems[@]} -gt 0 ]; then
     { echo "FAILED    $what $arch $defines"; printf '    %s\n' "${problems[@]}"; } >"$out.result"
   else
-    printf 'ok        %-16s %-7s kernels=%d mfma=%d scratch=%dB  %s\n' \
-      "$what" "$arch" "$nkernels" "$mfma" "$scratch" "$defines" >"$out.result"
+    printf 'ok        %-16s %-7s kernels=%d mfma=%d scratch=%dB expect=%s  %s\n' \
+      "$what" "$arch" "$nkernels" "$mfma" "$scratch" "$expect" "$defines" >"$out.result"
+    echo "$what $arch" >"$out.tag"
   fi
   rm -f "$out.s" "$out.o" "$out.hsaco" "$out.log"
 }
@@ -107,15 +125,16 @@ jobs_max=$(nproc 2>/dev/null || echo 2)
 every=${MOEPLUG_HIP_CHECK_EVERY:-1}
 n=0
 seen=0
-while IFS=$'\t' read -r kind what src arch options; do
+while IFS=$'\t' read -r kind what src arch expect options; do
   if [ "$kind" = exclude ]; then
     echo "excluded  $what: $src"
     continue
   fi
+  [[ $what == *"${MOEPLUG_HIP_CHECK_ONLY:-}"* ]] || continue
   seen=$((seen + 1))
   [ $(((seen - 1) % every)) -eq 0 ] || continue
   n=$((n + 1))
-  check_one "$work/$n" "$what" "$src" "$arch" "$options" &
+  check_one "$work/$n" "$what" "$src" "$arch" "$expect" "$options" &
   while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
 done <<<"$configs"
 wait
@@ -131,4 +150,6 @@ for i in $(seq 1 "$n"); do
 done
 
 echo "hip compile check: $n configurations for ${archs[*]}, $failed failed, $total_mfma MFMA instructions in all"
+echo "compiled per family and arch:"
+cat "$work"/*.tag 2>/dev/null | sort | uniq -c || true
 [ "$n" -gt 0 ] && [ "$failed" -eq 0 ]

@@ -14,7 +14,15 @@
 #define __constant__ __attribute__((constant))
 #define __forceinline__ inline __attribute__((always_inline))
 #define __align__(n) __attribute__((aligned(n)))
-#define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+// HIP's spelling (hip/amd_detail/host_defines.h): clang's CUDA launch_bounds attribute is
+// ignored for AMDGPU, which would leave the default 1024-thread budget (a quarter of the
+// registers a 256-thread kernel may have).
+#define __mp_launch_bounds0(t) __attribute__((amdgpu_flat_work_group_size(1, t)))
+#define __mp_launch_bounds1(t, b) \
+  __attribute__((amdgpu_flat_work_group_size(1, t), amdgpu_waves_per_eu(b)))
+#define __mp_launch_bounds_pick(_1, _2, name, ...) name
+#define __launch_bounds__(...) \
+  __mp_launch_bounds_pick(__VA_ARGS__, __mp_launch_bounds1, __mp_launch_bounds0, )(__VA_ARGS__)
 
 struct __mp_uint3 {
   unsigned x, y, z;

@@ -20,7 +20,7 @@ pub const PORT_HEADER: &str = include_str!("../../../kernels/moeplug_port.h");
 pub const FUSED_MOE_SOURCE: &str = include_str!("../../../kernels/fused_moe.cu");
 pub const PREP_SOURCE: &str = include_str!("../../../kernels/prep.cu");
 /// Every header a kernel source may include, by the name it is included as.
-pub const KERNEL_HEADERS: [(&str, &str); 8] = [
+pub const KERNEL_HEADERS: [(&str, &str); 10] = [
     ("moeplug_port.h", PORT_HEADER),
     (
         "moe_common.cuh",
@@ -49,6 +49,14 @@ pub const KERNEL_HEADERS: [(&str, &str); 8] = [
     (
         "moe_gemm_wgmma.cuh",
         include_str!("../../../kernels/moe_gemm_wgmma.cuh"),
+    ),
+    (
+        "mma_cdna.cuh",
+        include_str!("../../../kernels/mma_cdna.cuh"),
+    ),
+    (
+        "moe_gemm_mfma.cuh",
+        include_str!("../../../kernels/moe_gemm_mfma.cuh"),
     ),
 ];
 

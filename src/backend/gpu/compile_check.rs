@@ -142,7 +142,9 @@ mod tests {
         for f in [Family::Tile32, Family::Stream] {
             assert!(specs.iter().any(|s| s.family == f), "{f:?}");
         }
-        assert!(!specs.iter().any(|s| s.family == Family::Fp32));
+        assert!(!specs
+            .iter()
+            .any(|s| matches!(s.family, Family::Fp32 | Family::Mfma)));
         for &wf in WeightFormat::ALL {
             assert!(specs
                 .iter()

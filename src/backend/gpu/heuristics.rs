@@ -43,7 +43,7 @@ fn env_choice(name: &str) -> Option<u32> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-/// `MOEPLUG_GPU_FAMILY=fp32|tile32|stream|wgmma`: a diagnostic preference (benchmarks and tests
+/// `MOEPLUG_GPU_FAMILY=fp32|tile32|stream|wgmma|mfma`: a diagnostic preference (benchmarks and tests
 /// run every family on the same shapes); a family that cannot run a launch is never forced.
 static PREFERENCE: Lazy<Option<Family>> = Lazy::new(|| {
     std::env::var("MOEPLUG_GPU_FAMILY")
@@ -62,6 +62,37 @@ static SPLIT_K_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| {
 /// "sm_90" -> 90.
 pub fn sm_version(arch: &str) -> Option<u32> {
     arch.strip_prefix("sm_").and_then(|v| v.parse().ok())
+}
+
+/// The AMD archs the MFMA family is written and compiled for: CDNA3 (MI300) and CDNA4 (MI355).
+/// Others (gfx90a's MFMA has no fp8, RDNA has no MFMA and runs wave32) get the fp32 family.
+pub const MFMA_ARCHS: [&str; 2] = ["gfx942", "gfx950"];
+
+/// Whether the MFMA family can run on the HIP arch `arch` ("gfx942", or a full target id such
+/// as "gfx942:sramecc+:xnack-"). It covers every format, layout and dtype pairing, so the arch
+/// is the only condition.
+pub fn mfma_arch(arch: &str) -> bool {
+    super::hip::parse_gcn_arch(arch).is_some_and(|p| MFMA_ARCHS.contains(&p))
+}
+
+/// Every family `choose` may give a launch on the HIP arch `arch`, preferred first: what the
+/// self-test before first use has to try on that device (docs/hip.md).
+pub fn hip_families(arch: &str) -> Vec<Family> {
+    if mfma_arch(arch) {
+        vec![Family::Mfma, Family::Fp32]
+    } else {
+        vec![Family::Fp32]
+    }
+}
+
+/// The family for a launch on the HIP arch `arch`: MFMA where it runs, else fp32; the
+/// diagnostic preference may only ask for fp32.
+fn choose_hip(arch: &str) -> Family {
+    if *PREFERENCE == Some(Family::Fp32) || !mfma_arch(arch) {
+        Family::Fp32
+    } else {
+        Family::Mfma
+    }
 }
 
 /// Weight values per 16-byte pack (the stream family's K granule).
@@ -222,13 +253,14 @@ pub fn wgmma_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Opti
     None
 }
 
-/// Whether `choose` can return `family` for some launch of this configuration on `sm`.
+/// Whether `choose` can return `family` for some launch of this configuration on CUDA `sm`.
 pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
     match spec.family {
         Family::Fp32 => sm < 80,
         Family::Tile32 => sm >= 80,
         Family::Stream => stream_spec_unsupported(sm, spec).is_none(),
         Family::Wgmma => wgmma_spec_unsupported(sm, spec).is_none(),
+        Family::Mfma => false, // AMD only
     }
 }
 
@@ -319,9 +351,12 @@ pub fn stream_split_k(steps: usize, row_groups: usize) -> u32 {
 
 /// The family for this launch on `arch`.
 pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
-    let Some(sm) = sm_version(arch).filter(|&sm| sm >= 80) else {
-        return Family::Fp32; // HIP and pre-Ampere CUDA
+    let Some(sm) = sm_version(arch) else {
+        return choose_hip(arch);
     };
+    if sm < 80 {
+        return Family::Fp32;
+    }
     let spec = KernelSpec::for_launch(launch, Family::Stream);
     let stream_ok = stream_unsupported(sm, &spec, launch).is_none();
     let wgmma_ok =
@@ -361,6 +396,30 @@ mod tests {
         assert_eq!(stream_split_k(12, 100_000), 2); // short K, many blocks
         assert_eq!(stream_split_k(12, 400), 8); // short K, few blocks: keep the SMs busy
         assert_eq!(stream_split_k(1, 1 << 20), 1);
+    }
+
+    #[test]
+    fn mfma_runs_on_cdna3_and_cdna4_only() {
+        for arch in [
+            "gfx942",
+            "gfx950",
+            "gfx942:sramecc+:xnack-",
+            "gfx950:xnack-",
+        ] {
+            assert!(mfma_arch(arch), "{arch}");
+        }
+        for arch in ["gfx90a", "gfx908", "gfx1100", "gfx9420", "sm_90", "gfx", ""] {
+            assert!(!mfma_arch(arch), "{arch}");
+        }
+        assert_eq!(hip_families("gfx950"), [Family::Mfma, Family::Fp32]);
+        assert_eq!(hip_families("gfx942:sramecc+:xnack-")[0], Family::Mfma);
+        assert_eq!(hip_families("gfx1100"), [Family::Fp32]);
+        // Never a CUDA family, on any sm.
+        let spec = super::super::compile_check::specs_where(|s| s.family == Family::Mfma);
+        assert!(!spec.is_empty());
+        for sm in [70, 80, 89, 90, 100] {
+            assert!(spec.iter().all(|s| !selectable(sm, s)), "sm_{sm}");
+        }
     }
 
     #[test]

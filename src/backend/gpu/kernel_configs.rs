@@ -4,22 +4,28 @@
 //! compiled with. The fused-MoE sets are the kernel specs of the families
 //! [`hip_exclusion`] allows, enumerated like the NVRTC check's
 //! ([`super::compile_check::specs_where`]); the options are [`super::hip::hiprtc_options`].
+//! For the MFMA family the check also requires, per arch, the matrix-core instruction
+//! [`expected_mfma`] names in both GEMM kernels.
 //!
 //! A new kernel family is one arm of [`hip_exclusion`]; a new translation unit one entry of
 //! [`UNITS`].
 
 use super::cache::{fused_moe_source, KERNEL_HEADERS, PREP_SOURCE};
 use super::compile_check::specs_where;
+use super::heuristics::mfma_arch;
 use super::spec::{Family, KernelSpec};
+use crate::types::{ActDtype, WeightFormat};
 
 /// Why the HIP backend never selects a family, or `None` if it may. Exhaustive, so a new
-/// family has to answer; `heuristics::choose` must agree (tested below).
+/// family has to answer; `heuristics::choose` must agree (tested below). The fp32 family
+/// stays selectable next to MFMA: archs without MFMA, and the fallback when a device's
+/// self-test refuses MFMA.
 pub fn hip_exclusion(family: Family) -> Option<&'static str> {
     match family {
-        Family::Fp32 => None,
+        Family::Fp32 | Family::Mfma => None,
         Family::Tile32 | Family::Stream => Some(
             "inline PTX mma.sync (mma_sm80.cuh) with 32-lane warp fragments has no HIP form; \
-             heuristics::choose gives HIP the fp32 family until the MFMA layer lands",
+             the MFMA family is their AMD counterpart",
         ),
         Family::Wgmma => Some("wgmma (mma_sm90.cuh) is NVIDIA sm_90a only"),
     }
@@ -30,28 +36,75 @@ pub fn hip_specs() -> Vec<KernelSpec> {
     specs_where(|s| hip_exclusion(s.family).is_none())
 }
 
+/// The matrix-core instruction both GEMM kernels of `spec` must contain on `arch`, or `None`
+/// (not the MFMA family, or an arch it does not run on). Mirrors moe_gemm_mfma.cuh's choice of
+/// operand type: fp8 codes when weights and activations are fp8 of the flavour the arch's fp8
+/// MFMA reads (e4m3fnuz on gfx942, OCP e4m3fn on gfx950), fp16 when the activations are fp16
+/// and the weights not bf16, bf16 otherwise.
+pub fn expected_mfma(arch: &str, spec: &KernelSpec) -> Option<&'static str> {
+    use ActDtype as A;
+    use WeightFormat as W;
+    if spec.family != Family::Mfma || !mfma_arch(arch) {
+        return None;
+    }
+    let fp8_weights = matches!(
+        spec.weight_format,
+        W::Fp8PerTensor | W::Fp8PerChannel | W::Fp8Block128 | W::Mxfp8
+    );
+    let fp8_acts = matches!(
+        spec.act_dtype,
+        A::Fp8PerToken | A::Fp8PerTensor | A::Fp8Block128 | A::Mxfp8
+    );
+    let arch_fnuz = arch.starts_with("gfx942");
+    Some(if fp8_weights && fp8_acts && spec.fp8_fnuz == arch_fnuz {
+        "v_mfma_f32_16x16x32_fp8_fp8"
+    } else if spec.act_dtype == A::Fp16 && spec.weight_format != W::Bf16 {
+        "v_mfma_f32_16x16x16_f16"
+    } else {
+        "v_mfma_f32_16x16x16_bf16"
+    })
+}
+
+/// One compile of a unit: what it is (for the log), its defines, and the MFMA instruction its
+/// GEMM kernels must contain.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub what: String,
+    pub defines: Vec<String>,
+    pub mfma: Option<&'static str>,
+}
+
 /// A translation unit the HIP backend compiles: its file name (`#line` name and the name the
-/// check writes it under), its source as compiled, and every `-D` set.
+/// check writes it under), its source as compiled, and every configuration for an arch.
 pub struct Unit {
     pub file: &'static str,
     pub source: fn() -> String,
-    /// (what the configuration is, for the log; its defines).
-    pub configs: fn() -> Vec<(String, Vec<String>)>,
+    pub configs: fn(arch: &str) -> Vec<Config>,
 }
 
 pub const UNITS: &[Unit] = &[
     Unit {
         file: "prep.cu",
         source: || PREP_SOURCE.to_string(),
-        configs: || vec![("prep".to_string(), vec![])],
+        configs: |_| {
+            vec![Config {
+                what: "prep".to_string(),
+                defines: vec![],
+                mfma: None,
+            }]
+        },
     },
     Unit {
         file: "fused_moe.cu",
         source: fused_moe_source,
-        configs: || {
+        configs: |arch| {
             hip_specs()
                 .into_iter()
-                .map(|s| (format!("fused_moe {}", s.family.name()), s.defines()))
+                .map(|s| Config {
+                    what: format!("fused_moe {}", s.family.name()),
+                    defines: s.defines(),
+                    mfma: expected_mfma(arch, &s),
+                })
                 .collect()
         },
     },
@@ -71,7 +124,6 @@ mod tests {
     use crate::moe::check::LaunchShape;
     use crate::moe::{MoeConfig, MoeLaunch};
     use crate::tensor::{DeviceKind, ElemType, Tensor};
-    use crate::types::{ActDtype, WeightFormat};
     use std::collections::BTreeSet;
 
     fn descriptor(name: &'static str, elem: ElemType) -> Tensor {
@@ -140,7 +192,8 @@ mod tests {
     #[test]
     fn hip_specs_are_what_the_heuristics_choose_on_amd() {
         let specs = hip_specs();
-        assert!(!specs.is_empty());
+        assert!(specs.iter().any(|s| s.family == Family::Mfma));
+        assert!(specs.iter().any(|s| s.family == Family::Fp32));
         for (m, topk) in [(1, 1), (4, 2), (4096, 8)] {
             let shape = LaunchShape {
                 m,
@@ -154,8 +207,13 @@ mod tests {
                 // The launch stands for exactly this configuration (its defines are what is
                 // compiled) ...
                 assert_eq!(KernelSpec::for_launch(&l, s.family).defines(), s.defines());
-                // ... and the backend's heuristics pick it on gfx942/gfx950.
-                for arch in ["gfx942", "gfx950"] {
+                // ... and the backend's heuristics pick it: MFMA on gfx942/gfx950 (any target
+                // id spelling), fp32 on AMD archs without the MFMA family.
+                let archs: &[&str] = match s.family {
+                    Family::Mfma => &["gfx942", "gfx950", "gfx942:sramecc+:xnack-"],
+                    _ => &["gfx90a", "gfx1100"],
+                };
+                for arch in archs {
                     let chosen = heuristics::spec_for(arch, &l, &shape, FamilySet::all()).unwrap();
                     assert_eq!(chosen.defines(), s.defines(), "{arch} m={m}");
                     assert_eq!(hip_exclusion(chosen.family), None);
@@ -165,41 +223,116 @@ mod tests {
     }
 
     #[test]
-    fn every_axis_of_the_fp32_family_is_compiled() {
-        let specs = hip_specs();
-        assert!(specs.iter().all(|s| s.family == Family::Fp32));
-        let seen = |f: &dyn Fn(&KernelSpec) -> String| {
-            specs.iter().map(f).collect::<BTreeSet<String>>().len()
-        };
-        assert_eq!(seen(&|s| format!("{:?}", s.weight_format)), 7);
-        assert_eq!(seen(&|s| format!("{:?}", s.act_dtype)), ActDtype::ALL.len());
-        assert_eq!(seen(&|s| format!("{:?}", s.scale_layout)), 4); // none + 3
-        assert_eq!(seen(&|s| format!("{:?}", s.gate_mode)), 3);
-        assert_eq!(seen(&|s| format!("{:?}", s.activation)), 3);
-        assert_eq!(seen(&|s| format!("{:?}", s.weight_layout)), 2);
-        for b in [
-            &(|s: &KernelSpec| s.has_bias) as &dyn Fn(&KernelSpec) -> bool,
-            &|s| s.has_mask,
-            &|s| s.router_weight_on_input,
-            &|s| s.out_f16,
-            &|s| s.in_f16,
-            &|s| s.fp8_fnuz,
-        ] {
-            assert_eq!(seen(&|s| b(s).to_string()), 2);
+    fn every_axis_of_each_hip_family_is_compiled() {
+        for family in [Family::Fp32, Family::Mfma] {
+            let specs: Vec<KernelSpec> = hip_specs()
+                .into_iter()
+                .filter(|s| s.family == family)
+                .collect();
+            let seen = |f: &dyn Fn(&KernelSpec) -> String| {
+                specs.iter().map(f).collect::<BTreeSet<String>>().len()
+            };
+            assert_eq!(seen(&|s| format!("{:?}", s.weight_format)), 7);
+            assert_eq!(seen(&|s| format!("{:?}", s.act_dtype)), ActDtype::ALL.len());
+            assert_eq!(seen(&|s| format!("{:?}", s.scale_layout)), 4); // none + 3
+            assert_eq!(seen(&|s| format!("{:?}", s.gate_mode)), 3);
+            assert_eq!(seen(&|s| format!("{:?}", s.activation)), 3);
+            assert_eq!(seen(&|s| format!("{:?}", s.weight_layout)), 2);
+            for b in [
+                &(|s: &KernelSpec| s.has_bias) as &dyn Fn(&KernelSpec) -> bool,
+                &|s| s.has_mask,
+                &|s| s.router_weight_on_input,
+                &|s| s.out_f16,
+                &|s| s.in_f16,
+                &|s| s.fp8_fnuz,
+            ] {
+                assert_eq!(seen(&|s| b(s).to_string()), 2, "{family:?}");
+            }
         }
+        let specs = hip_specs();
         let distinct: BTreeSet<Vec<String>> = specs.iter().map(|s| s.defines()).collect();
         assert_eq!(distinct.len(), specs.len());
+        assert!(specs
+            .iter()
+            .all(|s| matches!(s.family, Family::Fp32 | Family::Mfma)));
     }
 
     #[test]
-    fn only_fp32_is_hip_selectable_and_the_others_say_why() {
+    fn only_fp32_and_mfma_are_hip_selectable_and_the_others_say_why() {
         for f in Family::ALL {
             match f {
-                Family::Fp32 => assert_eq!(hip_exclusion(f), None),
+                Family::Fp32 | Family::Mfma => assert_eq!(hip_exclusion(f), None),
                 Family::Wgmma => assert!(hip_exclusion(f).unwrap().contains("wgmma"), "{f:?}"),
                 _ => assert!(hip_exclusion(f).unwrap().contains("mma.sync"), "{f:?}"),
             }
         }
+    }
+
+    #[test]
+    fn expected_mfma_follows_the_operand_rule() {
+        let mfma: Vec<KernelSpec> = hip_specs()
+            .into_iter()
+            .filter(|s| s.family == Family::Mfma)
+            .collect();
+        let count = |arch: &str, insn: &str| {
+            mfma.iter()
+                .filter(|s| expected_mfma(arch, s) == Some(insn))
+                .count()
+        };
+        // Every MFMA spec expects an instruction on both archs, and each operand type occurs.
+        for arch in ["gfx942", "gfx950"] {
+            assert!(mfma.iter().all(|s| expected_mfma(arch, s).is_some()));
+            for insn in [
+                "v_mfma_f32_16x16x32_fp8_fp8",
+                "v_mfma_f32_16x16x16_f16",
+                "v_mfma_f32_16x16x16_bf16",
+            ] {
+                assert!(count(arch, insn) > 0, "{arch} {insn}");
+            }
+        }
+        let one = |wf, act, fnuz| {
+            let mut s = mfma[0].clone();
+            (s.weight_format, s.act_dtype, s.fp8_fnuz) = (wf, act, fnuz);
+            s
+        };
+        use ActDtype as A;
+        use WeightFormat as W;
+        let fp8 = "v_mfma_f32_16x16x32_fp8_fp8";
+        // fnuz fp8 reaches the fp8 MFMA on gfx942 only, OCP fp8 on gfx950 only.
+        let fnuz = one(W::Fp8PerChannel, A::Fp8PerToken, true);
+        let ocp = one(W::Fp8Block128, A::Fp8Block128, false);
+        assert_eq!(expected_mfma("gfx942", &fnuz), Some(fp8));
+        assert_eq!(
+            expected_mfma("gfx950", &fnuz),
+            Some("v_mfma_f32_16x16x16_bf16")
+        );
+        assert_eq!(expected_mfma("gfx950", &ocp), Some(fp8));
+        assert_eq!(
+            expected_mfma("gfx942", &ocp),
+            Some("v_mfma_f32_16x16x16_bf16")
+        );
+        assert_eq!(
+            expected_mfma("gfx950", &one(W::Mxfp8, A::Mxfp8, false)),
+            Some(fp8)
+        );
+        // w4a16 and fp8 weights with 16-bit activations: 16-bit MFMA of the activation type.
+        assert_eq!(
+            expected_mfma("gfx950", &one(W::Mxfp4, A::Bf16, false)),
+            Some("v_mfma_f32_16x16x16_bf16")
+        );
+        assert_eq!(
+            expected_mfma("gfx942", &one(W::Fp8PerTensor, A::Fp16, true)),
+            Some("v_mfma_f32_16x16x16_f16")
+        );
+        assert_eq!(
+            expected_mfma("gfx942", &one(W::Bf16, A::Fp16, false)),
+            Some("v_mfma_f32_16x16x16_bf16")
+        );
+        // Not MFMA, or not an MFMA arch: nothing expected.
+        assert_eq!(expected_mfma("gfx90a", &ocp), None);
+        let mut fp32 = ocp.clone();
+        fp32.family = Family::Fp32;
+        assert_eq!(expected_mfma("gfx950", &fp32), None);
     }
 
     #[test]
@@ -208,8 +341,21 @@ mod tests {
         assert_eq!(files, ["prep.cu", "fused_moe.cu"]);
         assert_eq!((UNITS[1].source)(), fused_moe_source());
         assert!((UNITS[1].source)().starts_with("// generated by src/backend/gpu/spec.rs"));
-        assert_eq!((UNITS[1].configs)().len(), hip_specs().len());
-        assert_eq!((UNITS[0].configs)(), [("prep".to_string(), vec![])]);
+        let configs = (UNITS[1].configs)("gfx950");
+        assert_eq!(configs.len(), hip_specs().len());
+        for (c, s) in configs.iter().zip(hip_specs()) {
+            assert_eq!(c.defines, s.defines());
+            assert_eq!(c.what, format!("fused_moe {}", s.family.name()));
+            assert_eq!(c.mfma, expected_mfma("gfx950", &s));
+        }
+        assert_eq!(
+            (UNITS[0].configs)("gfx942"),
+            [Config {
+                what: "prep".to_string(),
+                defines: vec![],
+                mfma: None
+            }]
+        );
         assert!(headers().iter().any(|(n, _)| *n == "moeplug_port.h"));
     }
 }

@@ -14,7 +14,6 @@ use std::time::Instant;
 use half::bf16;
 
 use super::heuristics::{selectable, sm_version};
-use super::kernel_configs::hip_exclusion;
 use super::selftest::{decide, Decision, FamilyResult, Outcome, Role};
 use super::spec::{Family, FamilySet, KernelSpec};
 use super::{launch, GpuBackend, Vendor};
@@ -86,7 +85,7 @@ impl SelfTest {
 }
 
 /// The fused_moe families a device may select: those [`selectable`] for the self-test's
-/// configuration on this arch (HIP: those [`hip_exclusion`] allows), and every family on
+/// configuration on this arch (HIP: [`super::heuristics::hip_families`]), and every family on
 /// their fallback chains (what runs a launch when the first pick was refused).
 pub fn families_to_test(vendor: Vendor, arch: &str) -> Vec<Family> {
     let spec = |f: Family| KernelSpec {
@@ -96,7 +95,7 @@ pub fn families_to_test(vendor: Vendor, arch: &str) -> Vec<Family> {
     let mut set = FamilySet::NONE;
     for f in Family::ALL {
         let may = match vendor {
-            Vendor::Hip => hip_exclusion(f).is_none(),
+            Vendor::Hip => super::heuristics::hip_families(arch).contains(&f),
             Vendor::Cuda => sm_version(arch).is_some_and(|sm| selectable(sm, &spec(f))),
         };
         let mut at = may.then_some(f);
@@ -560,8 +559,9 @@ mod tests {
             [Fp32, Tile32, Stream]
         );
         assert_eq!(families_to_test(Vendor::Cuda, "sm_75"), [Fp32]);
-        assert_eq!(families_to_test(Vendor::Hip, "gfx942"), [Fp32]);
-        assert_eq!(families_to_test(Vendor::Hip, "gfx950"), [Fp32]);
+        assert_eq!(families_to_test(Vendor::Hip, "gfx942"), [Fp32, Mfma]);
+        assert_eq!(families_to_test(Vendor::Hip, "gfx950"), [Fp32, Mfma]);
+        assert_eq!(families_to_test(Vendor::Hip, "gfx90a"), [Fp32]);
     }
 
     fn fused(family: &'static str, rel_l2: f64) -> FamilyResult {

@@ -19,10 +19,20 @@ pub enum Family {
     /// Warpgroup MMA on 128-row tiles for many tokens per expert: CUDA sm_90a
     /// (moe_gemm_wgmma.cuh).
     Wgmma = 3,
+    /// AMD matrix cores (MFMA, wave64), 32 sorted rows x 128 weight rows per block: HIP
+    /// gfx942 / gfx950 (moe_gemm_mfma.cuh). Compiled in CI, never run by the project: the
+    /// self-test before first use decides whether a device may select it.
+    Mfma = 4,
 }
 
 impl Family {
-    pub const ALL: [Family; 4] = [Family::Fp32, Family::Tile32, Family::Stream, Family::Wgmma];
+    pub const ALL: [Family; 5] = [
+        Family::Fp32,
+        Family::Tile32,
+        Family::Stream,
+        Family::Wgmma,
+        Family::Mfma,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -30,6 +40,7 @@ impl Family {
             Family::Tile32 => "tile32",
             Family::Stream => "stream",
             Family::Wgmma => "wgmma",
+            Family::Mfma => "mfma",
         }
     }
 
@@ -42,7 +53,7 @@ impl Family {
     pub fn tile_rows(self) -> usize {
         match self {
             Family::Stream => 16,
-            Family::Fp32 | Family::Tile32 => 32,
+            Family::Fp32 | Family::Tile32 | Family::Mfma => 32,
             Family::Wgmma => 128,
         }
     }
@@ -54,7 +65,7 @@ impl Family {
     pub fn fallback(self) -> Option<Family> {
         match self {
             Family::Stream | Family::Wgmma => Some(Family::Tile32),
-            Family::Tile32 => Some(Family::Fp32),
+            Family::Tile32 | Family::Mfma => Some(Family::Fp32),
             Family::Fp32 => None,
         }
     }
@@ -194,7 +205,7 @@ impl KernelSpec {
     pub fn block_columns(&self) -> (usize, usize) {
         match self.family {
             Family::Fp32 => (64, 64),
-            Family::Tile32 => (64, 128),
+            Family::Tile32 | Family::Mfma => (64, 128),
             Family::Wgmma => (self.wgmma_block_rows() / 2, self.wgmma_block_rows()),
             Family::Stream => {
                 let groups = |kw: u32| 8 / kw.clamp(1, 8) as usize;
@@ -287,6 +298,7 @@ mod tests {
             "#define WL_AITER_16X16 2",
             "#define SL_CDNA4_SWIZZLE 3",
             "#define FAMILY_STREAM 2",
+            "#define FAMILY_MFMA 4",
         ] {
             assert!(p.contains(line), "{line} missing from\n{p}");
         }
@@ -323,7 +335,7 @@ mod tests {
         for f in Family::ALL {
             assert_eq!(Family::from_name(f.name()), Some(f));
         }
-        assert_eq!(Family::from_name("mfma"), None);
+        assert_eq!(Family::from_name("tile64"), None);
     }
 
     #[test]

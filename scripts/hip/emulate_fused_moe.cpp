@@ -1,0 +1,196 @@
+// One fused_moe launch of one kernel configuration (the -D set of the HIP backend, FAMILY
+// included) run on the host under wave_emulator.h, on inputs made from a fixed seed, so that
+// two families compiled from the same configuration see the same inputs. Writes the f32 stage-2
+// rows (y) of routed pairs and the output (as f32) to the file named by argv[1]. Launch order
+// and grids are the backend's (src/backend/gpu/mod.rs).
+#include "wave_emulator.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <thread>
+#include <vector>
+
+thread_local emu_uint3 threadIdx, blockIdx;
+std::barrier<>* emu_block_barrier;
+std::barrier<>* emu_wave_barrier[4];
+EmuWave emu_waves[4];
+
+#include "fused_moe.cu"
+
+// Problem size: padded K in both stages (I < Ip); expert 0 gets several tiles (below).
+static const int M = 53, TOPK = 2, E_GLOBAL = 4, H = 256, HP = 256, I = 96, IP = 128;
+
+static unsigned long long rng_state = 0x9e3779b97f4a7c15ull;
+static unsigned rnd() {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return (unsigned)(rng_state >> 11);
+}
+static float uniform() { return (rnd() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }  // [-1, 1)
+
+static u16 act16(float v, bool f16) { return f16 ? (u16)__builtin_bit_cast(u16, (_Float16)v) : mp_f32_to_bf16(v); }
+
+static bool fp8_nan(unsigned c) { return FP8_FNUZ ? c == 0x80u : (c & 0x7fu) == 0x7fu; }
+
+// Weights of an [E, N, K] matrix: codes of the format (padded columns k >= Kl random too,
+// NaN included: the kernels must ignore them).
+static std::vector<u8> weights(int E, int N, int K, int Kl) {
+  bool mx4 = WFMT == WF_MXFP4, w16 = WFMT == WF_BF16 || WFMT == WF_FP16;
+  size_t elems = (size_t)E * N * K, bytes = mx4 ? elems / 2 : w16 ? elems * 2 : elems;
+  std::vector<u8> w(bytes);
+  for (int e = 0; e < E; ++e)
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k) {
+        // Storage position: the layout's (the same function the kernels read through).
+        i64 off = (i64)e * N * K;
+        bool pad = k >= Kl;
+        if (w16) {
+          u16 v = pad ? (u16)(rnd() | 0x7f80u) : act16(uniform() * 0.25f, WFMT == WF_FP16);
+          i64 at = off + w_offset(n, k, K, 8);
+          memcpy(&w[at * 2], &v, 2);
+        } else if (mx4) {
+          i64 at = off / 2 + w_offset(n, k >> 1, K / 2, 16);
+          unsigned c = rnd() & 15u;
+          w[at] = (u8)((k & 1) ? (w[at] & 0x0f) | c << 4 : (w[at] & 0xf0) | c);
+        } else {
+          unsigned c;
+          do c = rnd() & 255u; while (!pad && fp8_nan(c));
+          w[off + w_offset(n, k, K, 16)] = (u8)c;
+        }
+      }
+  return w;
+}
+
+// Weight scales of an [E, N, K] matrix, over-allocated for every scale layout.
+static std::vector<u8> scales(int E, int N, int K) {
+  std::vector<u8> s;
+  if (WFMT == WF_MXFP4 || WFMT == WF_MXFP8) {
+    size_t sn = ((K / 32) + 7) & ~7, rows = ((size_t)E * N + 31) / 32 * 32 + 32 * E;
+    s.resize(rows * sn);
+    for (auto& b : s) b = (u8)(118 + rnd() % 8);  // 2^-9 .. 2^-2
+  } else {
+    size_t n = (size_t)E * ((N + 127) / 128) * ((K + 127) / 128) + (size_t)E * N + E;
+    std::vector<float> f(n);
+    for (auto& v : f) v = 0.01f + 0.02f * (rnd() % 100) / 100.0f;
+    s.resize(n * 4);
+    memcpy(s.data(), f.data(), s.size());
+  }
+  return s;
+}
+
+template <typename F>
+static void launch(F kernel, const Params& p, int gx, int gy, int threads) {
+  std::barrier<> block(threads);
+  emu_block_barrier = &block;
+  for (int w = 0; w < threads / 64 && w < 4; ++w) emu_wave_barrier[w] = new std::barrier<>(64);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] {
+      threadIdx = {(unsigned)t, 0, 0};
+      for (int y = 0; y < gy; ++y)
+        for (int x = 0; x < gx; ++x) {
+          blockIdx = {(unsigned)x, (unsigned)y, 0};
+          kernel(p);
+          __syncthreads();  // the next block starts after every thread left this one
+        }
+    });
+  for (auto& t : ts) t.join();
+  for (int w = 0; w < threads / 64 && w < 4; ++w) delete emu_wave_barrier[w];
+}
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: emulate_fused_moe OUT\n");
+    return 2;
+  }
+  // Experts: with a mask, global expert 1 is not local.
+  std::vector<int> mask = {1, 0, 1, 1};
+  int E = HAS_MASK ? 3 : E_GLOBAL;
+  std::vector<u8> w13 = weights(E, 2 * IP, HP, H), w2 = weights(E, HP, IP, I);
+  std::vector<u8> s13 = scales(E, 2 * IP, HP), s2 = scales(E, HP, IP);
+  std::vector<float> b13(E * 2 * IP), b2(E * HP);
+  for (auto& v : b13) v = uniform() * 0.1f;
+  for (auto& v : b2) v = uniform() * 0.1f;
+  int x_cols = H + 8;  // a row stride wider than H
+  std::vector<u16> x((size_t)M * x_cols);
+  for (auto& v : x) v = act16(uniform() * 2.0f, IN_F16);
+  std::vector<int> ids(M * TOPK);
+  std::vector<float> tw(M * TOPK);
+  for (int t = 0; t < M; ++t)
+    for (int s = 0; s < TOPK; ++s) {
+      int id;
+      // Slot 0 mostly on expert 0: it gets more than one tile.
+      do id = s == 0 && t % 4 != 3 ? 0 : rnd() % E_GLOBAL;
+      while (s == 1 && id == ids[t * TOPK]);
+      if (t % 11 == 5) id = -1;  // an unrouted slot
+      ids[t * TOPK + s] = id;
+      tw[t * TOPK + s] = 0.25f + 0.5f * (rnd() % 100) / 100.0f;
+    }
+
+  // Routing outputs (moe_route fills them): at most one partial tile per expert.
+  int pairs = M * TOPK, total = 0;
+  int max_tiles = E + (pairs + BM - 1) / BM;
+  std::vector<int> pair_local(pairs), tile_expert(max_tiles), rows((size_t)max_tiles * BM);
+
+  int ng1 = QG ? (H + QG - 1) / QG : 1, ng2 = QG ? (I + QG - 1) / QG : 1;  // launch::scale_groups
+  std::vector<u16> inter((size_t)pairs * I);
+  std::vector<float> y((size_t)pairs * H, 0.0f), xs(M * ng1), as(pairs * ng2);
+  std::vector<u8> xq((size_t)M * H), aq((size_t)pairs * I);
+  std::vector<u16> out((size_t)M * H);
+  u32 amax[2] = {0, 0};
+  auto u = [](const void* v) { return (u64)(uintptr_t)v; };
+  Params p{};
+  p.x = u(x.data());
+  p.w13 = u(w13.data());
+  p.w13_scale = u(s13.data());
+  p.w13_bias = HAS_BIAS ? u(b13.data()) : 0;
+  p.w2 = u(w2.data());
+  p.w2_scale = u(s2.data());
+  p.w2_bias = HAS_BIAS ? u(b2.data()) : 0;
+  p.topk_weights = u(tw.data());
+  p.topk_ids = u(ids.data());
+  p.expert_mask = HAS_MASK ? u(mask.data()) : 0;
+  p.num_local_tokens = 0;
+  p.out = u(out.data());
+  p.total_tiles = u(&total);
+  p.tile_expert = u(tile_expert.data());
+  p.sorted_rows = u(rows.data());
+  p.pair_local = u(pair_local.data());
+  p.inter = u(inter.data());
+  p.y = u(y.data());
+  p.amax = u(amax);
+  p.xq = u(xq.data());
+  p.xs = u(xs.data());
+  p.aq = u(aq.data());
+  p.as = u(as.data());
+  p.M = M, p.topk = TOPK, p.E = E, p.E_global = E_GLOBAL, p.H = H, p.Hp = HP, p.I = I,
+  p.Ip = IP;
+  p.x_cols = x_cols, p.out_cols = H, p.max_tiles = max_tiles, p.ng1 = ng1, p.ng2 = ng2;
+  p.alpha = 1.702f, p.limit = 7.0f, p.has_limit = ACT == AF_SWIGLU_OAI;
+
+  // 64 columns per block: the narrowest of the families emulated (a wider block past the
+  // last column only skips its stores).
+  const int n1 = 64, n2 = 64;
+  launch(moe_route, p, 1, 1, SCAN_THREADS);
+  if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax1, p, M, 1, THREADS);
+  if (ACT_Q) launch(moe_quant1, p, M, 1, THREADS);
+  launch(moe_stage1, p, max_tiles, (I + n1 - 1) / n1, THREADS);
+  if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax2, p, pairs, 1, THREADS);
+  if (ACT_Q) launch(moe_quant2, p, pairs, 1, THREADS);
+  launch(moe_stage2, p, max_tiles, (H + n2 - 1) / n2, THREADS);
+  launch(moe_reduce, p, M, (H + THREADS - 1) / THREADS, THREADS);
+
+  FILE* f = fopen(argv[1], "wb");
+  if (!f) return 1;
+  // y of routed pairs only (unrouted rows are never written).
+  for (int q = 0; q < pairs; ++q)
+    if (pair_local[q] >= 0) fwrite(&y[(size_t)q * H], 4, H, f);
+  for (u16 o : out) {
+    float v = OUT_F16 ? mp_f16_to_f32(o) : mp_bf16_to_f32(o);
+    fwrite(&v, 4, 1, f);
+  }
+  fclose(f);
+  return 0;
+}
