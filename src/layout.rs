@@ -44,8 +44,22 @@ impl Layout {
         let weight_format = WeightFormat::from_raw("layout.weight_format", weight_format)?;
         let gate_mode = GateMode::from_raw("layout.gate_mode", gate_mode)?;
         let weight_layout = WeightLayout::from_raw("layout.weight_layout", weight_layout)?;
-        let scale_layout = if weight_format.is_mx() {
-            Some(ScaleLayout::from_raw("layout.scale_layout", scale_layout)?)
+        let allowed = weight_format.scale_layouts();
+        let scale_layout = if !allowed.is_empty() {
+            let s = ScaleLayout::from_raw("layout.scale_layout", scale_layout)?;
+            if !allowed.contains(&s) {
+                return Err(Error::invalid(format!(
+                    "layout.scale_layout: {} is not a scale layout of weight_format {} (valid: {})",
+                    s.label(),
+                    weight_format.label(),
+                    allowed
+                        .iter()
+                        .map(|v| format!("{} {}", *v as i32, v.label()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            Some(s)
         } else if scale_layout != 0 {
             return Err(Error::invalid(format!(
                 "layout.scale_layout: expected 0 for weight_format {} (no e8m0 block scales), got {scale_layout}",

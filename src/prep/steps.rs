@@ -468,6 +468,7 @@ mod tests {
                 w2_scale: s2.clone(),
                 w13_bias: bias.then(|| vec![e, 2 * i]),
                 w2_bias: bias.then(|| vec![e, h]),
+                int4_unpacked: false,
             };
             let shapes = plan(&spec).unwrap();
             let (es, ses) = (weight_elem_size(format), ScaleKind::of(format).elem_size());

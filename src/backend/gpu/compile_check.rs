@@ -20,8 +20,8 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
     for family in Family::ALL {
         let mut chosen = 0usize; // rotates the activation over this family's configurations
         for &wf in WeightFormat::ALL {
-            let scale_layouts: Vec<Option<ScaleLayout>> = if wf.is_mx() {
-                ScaleLayout::ALL.iter().copied().map(Some).collect()
+            let scale_layouts: Vec<Option<ScaleLayout>> = if !wf.scale_layouts().is_empty() {
+                wf.scale_layouts().iter().copied().map(Some).collect()
             } else {
                 vec![None]
             };
