@@ -340,26 +340,19 @@ fn prepare_moe_refusals() {
         Status::InvalidArgument,
         "w13: int4_group32 needs H and I multiples of 32 (one bf16 scale per 32 values), got H = 48, I = 32",
     );
-    fails(
-        target(2),
-        Status::Unsupported,
-        "device_type: weight_format int4_group32 runs on the CPU backend only (no cuda kernels yet), got cuda",
-    );
+    assert!(target(2).is_ok());
 }
 
-/// The CPU backend claims INT4_GROUP32 and its scale layout; CUDA does not (no kernel decodes
-/// int4 yet), so a CUDA launch of it is UNSUPPORTED by the caps check.
+/// The CPU and GPU backends claim INT4_GROUP32 and its scale layout (the GPU runs it in the
+/// fp32 family).
 #[test]
-fn caps_claim_int4_on_the_cpu_only() {
+fn caps_claim_int4() {
+    let int4 = WeightFormat::Int4Group32.bit();
+    let aiter_int4 = ScaleLayout::AiterInt4.bit();
     let cpu = backend::cpu::backend().caps();
-    assert_ne!(cpu.weight_formats & WeightFormat::Int4Group32.bit(), 0);
-    assert_ne!(cpu.scale_layouts & ScaleLayout::AiterInt4.bit(), 0);
+    assert_ne!(cpu.weight_formats & int4, 0);
+    assert_ne!(cpu.scale_layouts & aiter_int4, 0);
     let cuda = backend::gpu::gpu_caps("sm_90", "13.0");
-    assert_eq!(cuda.weight_formats & WeightFormat::Int4Group32.bit(), 0);
-    assert_eq!(cuda.scale_layouts & ScaleLayout::AiterInt4.bit(), 0);
-    // Everything else the CPU claims, CUDA claims too.
-    assert_eq!(
-        cuda.weight_formats | WeightFormat::Int4Group32.bit(),
-        cpu.weight_formats
-    );
+    assert_eq!(cuda.weight_formats, cpu.weight_formats);
+    assert_eq!(cuda.scale_layouts, cpu.scale_layouts);
 }

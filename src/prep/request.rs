@@ -764,15 +764,6 @@ impl PrepareTarget {
                 device.name()
             ),
         }
-        if format == WeightFormat::Int4Group32 && device != DeviceKind::Cpu {
-            crate::bail!(
-                unsupported,
-                "device_type: weight_format int4_group32 runs on the CPU backend only (no {} \
-                 kernels yet), got {}",
-                device.name(),
-                device.name()
-            );
-        }
         let act_dtype = if a.act_dtype != 0 {
             let act = ActDtype::from_raw("act_dtype", a.act_dtype)?;
             if !format.allowed_act_dtypes().contains(&act) {
@@ -941,11 +932,12 @@ impl PrepareMoe {
         }
         let all: Vec<&Tensor> = inputs.iter().chain(&outs).flatten().collect();
         let at = location(&all)?;
-        if shapes.layout.weight_format == WeightFormat::Int4Group32 && at != Location::Host {
+        if shapes.spec.int4_unpacked && at != Location::Host {
             crate::bail!(
                 unsupported,
-                "prepare_moe: weight_format int4_group32 is prepared from host tensors only \
-                 (no device preparation yet), got {} tensors",
+                "w13: int8-held int4 weights are packed on the host only; pass host tensors, or \
+                 packed uint8 weights (AITER's pack_int8_to_packed_int4 order) on the device, \
+                 got {} tensors",
                 match at {
                     Location::Device(kind, _) => kind.name(),
                     Location::Host => "host",
@@ -1121,6 +1113,21 @@ mod tests {
         let e = p.check_act_dtype(ActDtype::Fp8PerToken).unwrap_err();
         assert_eq!(e.status, Status::LayoutMismatch);
         assert!(e.message.starts_with("layout.act_dtype: "), "{}", e.message);
+    }
+
+    #[test]
+    fn an_int4_scale_layout_round_trips_through_the_fingerprint() {
+        // AITER_INT4 = 4 needs a third scale_layout bit (bit 56): it must not spill into
+        // act_dtype.
+        let f = Fragment {
+            weight_format: Some(WeightFormat::Int4Group32),
+            scale_layout: Some(ScaleLayout::AiterInt4),
+            ..Fragment::default()
+        };
+        let (back, _) = fingerprint::decode(fingerprint::encode(&f)).unwrap();
+        assert_eq!(back.scale_layout, Some(ScaleLayout::AiterInt4));
+        assert_eq!(back.act_dtype, None);
+        assert_eq!(back.weight_format, Some(WeightFormat::Int4Group32));
     }
 
     #[test]

@@ -129,11 +129,19 @@ mod tests {
         for f in [Family::Tile32, Family::Stream] {
             assert!(specs.iter().any(|s| s.family == f), "{f:?}");
         }
-        assert!(!specs.iter().any(|s| s.family == Family::Fp32));
+        assert!(!specs
+            .iter()
+            .any(|s| s.family == Family::Fp32 && s.weight_format != WeightFormat::Int4Group32));
         for &wf in WeightFormat::ALL {
+            // int4 is decoded by the fp32 family only (heuristics::choose).
+            let family = if wf == WeightFormat::Int4Group32 {
+                Family::Fp32
+            } else {
+                Family::Tile32
+            };
             assert!(specs
                 .iter()
-                .any(|s| s.family == Family::Tile32 && s.weight_format == wf));
+                .any(|s| s.family == family && s.weight_format == wf));
         }
         // Each option value appears in each family.
         for f in [Family::Tile32, Family::Stream] {

@@ -109,13 +109,11 @@ pub fn stream_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Opt
 
 /// Whether `choose` can return `family` for some launch of this configuration on `sm`.
 pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
-    // No GPU kernel decodes int4 yet (the backend refuses it: caps leave it out).
-    if spec.weight_format == WeightFormat::Int4Group32 {
-        return false;
-    }
+    // Only the fp32 family decodes int4 (load_w in moe_common.cuh).
+    let int4 = spec.weight_format == WeightFormat::Int4Group32;
     match spec.family {
-        Family::Fp32 => sm < 80,
-        Family::Tile32 => sm >= 80,
+        Family::Fp32 => sm < 80 || int4,
+        Family::Tile32 => sm >= 80 && !int4,
         Family::Stream => stream_spec_unsupported(sm, spec).is_none(),
     }
 }
@@ -173,6 +171,9 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
     let Some(sm) = sm_version(arch).filter(|&sm| sm >= 80) else {
         return Family::Fp32; // HIP and pre-Ampere CUDA
     };
+    if launch.config.layout.weight_format == WeightFormat::Int4Group32 {
+        return Family::Fp32; // the only family that decodes int4
+    }
     let spec = KernelSpec::for_launch(launch, Family::Stream);
     let stream_ok = stream_unsupported(sm, &spec, launch).is_none();
     match *PREFERENCE {

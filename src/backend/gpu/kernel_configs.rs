@@ -90,6 +90,7 @@ mod tests {
             WeightFormat::Bf16 => ElemType::Bf16,
             WeightFormat::Fp16 => ElemType::F16,
             WeightFormat::Mxfp4 => ElemType::Fp4x2,
+            WeightFormat::Int4Group32 => ElemType::U8,
             _ if s.fp8_fnuz => ElemType::Fp8E4m3fnuz,
             _ => ElemType::Fp8E4m3fn,
         };
@@ -169,9 +170,12 @@ mod tests {
         let seen = |f: &dyn Fn(&KernelSpec) -> String| {
             specs.iter().map(f).collect::<BTreeSet<String>>().len()
         };
-        assert_eq!(seen(&|s| format!("{:?}", s.weight_format)), 7);
+        assert_eq!(
+            seen(&|s| format!("{:?}", s.weight_format)),
+            WeightFormat::ALL.len()
+        );
         assert_eq!(seen(&|s| format!("{:?}", s.act_dtype)), ActDtype::ALL.len());
-        assert_eq!(seen(&|s| format!("{:?}", s.scale_layout)), 4); // none + 3
+        assert_eq!(seen(&|s| format!("{:?}", s.scale_layout)), 5); // none + 3 MX + aiter_int4
         assert_eq!(seen(&|s| format!("{:?}", s.gate_mode)), 3);
         assert_eq!(seen(&|s| format!("{:?}", s.activation)), 3);
         assert_eq!(seen(&|s| format!("{:?}", s.weight_layout)), 2);

@@ -24,7 +24,7 @@ use once_cell::sync::Lazy;
 use super::{Backend, Caps};
 use crate::error::{Error, Result};
 use crate::moe::{MoeConfig, MoeLaunch};
-use crate::types::{feature, ActDtype, BackendKind, ScaleLayout, WeightFormat};
+use crate::types::{feature, ActDtype, BackendKind};
 use driver::{Api, Handle};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -413,9 +413,6 @@ pub fn vendor_caps(vendor: Vendor, arch: &str, runtime_version: &str) -> Caps {
     );
     // Device tensors in every prep call (gpu::prep, tests/gpu/test_prep_device.py).
     caps.features |= feature::GRAPH_CAPTURE | feature::DEVICE_PREP;
-    // No kernel decodes int4 weights yet (heuristics::selectable): not claimed.
-    caps.weight_formats &= !WeightFormat::Int4Group32.bit();
-    caps.scale_layouts &= !ScaleLayout::AiterInt4.bit();
     caps
 }
 
