@@ -140,10 +140,11 @@ __device__ __forceinline__ float load_w(const u8* W, const u8* S, int e, int n, 
   // AITER's pack: value k is in byte (k/8)*4 + k%4 of its row, the high nibble when k%8 >= 4;
   // AITER_16x16 is F1 over those bytes with 8-byte packs (pack_int8_to_packed_int4 of F1).
   int kbytes = K >> 1;
-  const u8* w = W + (i64)e * N * kbytes;
-  u32 b = w[w_offset(n, ((k >> 3) << 2) + (k & 3), kbytes, 8)];
-  int nib = (k & 4) ? (b >> 4) : (b & 15);
-  return (float)((nib ^ 8) - 8) * int4_scale(S, e, n, N, k, K);
+  float s = int4_scale(S, e, n, N, k, K);
+  u32 b = W[(i64)e * N * kbytes + w_offset(n, ((k >> 3) << 2) + (k & 3), kbytes, 8)];
+  // The nibble to the top of an int, then an arithmetic shift: its signed value.
+  int v = (int)(b << (28 - (k & 4))) >> 28;
+  return (float)v * s;
 #else
 #error "unknown WFMT"
 #endif
