@@ -27,6 +27,9 @@ pub const MAX_SIZE: usize = 1 << 31;
 
 /// `moeplug_layout.flags` bit.
 pub const FLAG_HAS_BIAS: u32 = crate::vocab::moeplug_layout_flag::HasBias as u32;
+/// `moeplug_layout.flags` bit of a record prepared for an AITER kernel path (read by
+/// `capi::moe::read_record`, never part of [`Layout`]).
+pub const FLAG_AITER_TARGET: u32 = crate::vocab::moeplug_layout_flag::AiterTarget as u32;
 
 impl Layout {
     /// Check the record on its own: known enums, positive sizes, pads not negative, a scale

@@ -210,12 +210,15 @@ const EXPORTS_1_0: [&str; 15] = [
     "moeplug_prepare_moe_sizes",
 ];
 
-/// The additions of ABI 1.1 (threads, log, progress), versioned MOEPLUG_1.1.
-const EXPORTS_1_1: [&str; 4] = [
+/// The additions of ABI 1.1 (threads, log, progress, config resolver, AITER arguments),
+/// versioned MOEPLUG_1.1.
+const EXPORTS_1_1: [&str; 6] = [
     "moeplug_set_num_threads",
     "moeplug_num_threads",
     "moeplug_set_log_callback",
     "moeplug_set_progress_callback",
+    "moeplug_resolve_config",
+    "moeplug_aiter_args",
 ];
 
 /// `name@@MOEPLUG_1.x` for every export of every ABI minor, in the order above.

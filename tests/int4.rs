@@ -95,6 +95,7 @@ fn target(device_type: i32) -> moeplug::error::Result<PrepareTarget> {
         act_dtype: 0,
         hidden_align: 0,
         intermediate_align: 0,
+        target: 0,
     })
 }
 

@@ -829,3 +829,45 @@ fn agree_with_the_f64_reference(mut r: Rng, formats: &[WeightFormat], cases: usi
         worst[0], flips[0], totals[0], others[0], worst[1], flips[1], others[1], totals[1]
     );
 }
+
+/// What DETERMINISTIC promises for the CPU backend (caps feature, docs/determinism.md): the
+/// output bytes of a launch do not depend on the worker thread count (1, 2, 7) nor on the
+/// run, for every weight format with each of its activation dtypes. Outputs are poisoned
+/// before every run.
+#[test]
+fn cpu_output_bytes_do_not_depend_on_threads_or_repeats() {
+    use moeplug::capi::moeplug_set_num_threads;
+    let mut r = Rng(0xDE7E_2A11);
+    for &format in WeightFormat::ALL {
+        for &act in format.allowed_act_dtypes() {
+            // A random configuration of this format and act dtype, with enough tokens and
+            // experts that every thread count splits the work differently.
+            let mut c = random_cfg(&mut r, &[format]);
+            while c.format != format || c.act != act {
+                c = random_cfg(&mut r, &[format]);
+            }
+            c.m = 37 + r.below(40);
+            c.nlt = c.nlt.map(|_| r.below(c.m));
+            let (mut launch, _) = build(&mut r, &c);
+            let mut first: Option<Vec<u8>> = None;
+            for threads in [1u32, 2, 7, 7, 1] {
+                assert_eq!(moeplug_set_num_threads(threads) as i32, 0);
+                launch.output.bytes.fill(0xA5);
+                if let Err(e) = launch.run() {
+                    panic!("{}: {e:?}", describe(&c));
+                }
+                match &first {
+                    None => first = Some(launch.output.bytes.clone()),
+                    Some(f) => assert!(
+                        f == &launch.output.bytes,
+                        "{} threads gave other bytes than 1 thread: {}",
+                        threads,
+                        describe(&c)
+                    ),
+                }
+            }
+        }
+    }
+    // Back to the default (every core).
+    moeplug_set_num_threads(0);
+}

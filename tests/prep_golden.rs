@@ -472,6 +472,7 @@ fn prepare_mxfp4(
         out_w2_scale: std::ptr::null(),
         out_w2_bias: std::ptr::null(),
         out_layout: std::ptr::null_mut(),
+        target: 0,
     };
     let mut sizes: moeplug_prepare_moe_sizes_out = unsafe { std::mem::zeroed() };
     sizes.struct_size = std::mem::size_of_val(&sizes) as u32;

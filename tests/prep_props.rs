@@ -249,6 +249,7 @@ fn prepare_inverse_maps_for_every_gate_mode_and_format() {
         let has_scale = format != WeightFormat::Bf16;
         let spec = PrepareSpec {
             format,
+            target: None,
             gate_mode_in: mode,
             hidden_align: rng.pick(&[0usize, 1, 128]),
             intermediate_align: rng.pick(&[0usize, 1, 96]),
@@ -362,6 +363,7 @@ fn prepare_host_checks_its_buffers() {
     let (e, h, i) = (1usize, 64usize, 32usize);
     let spec = PrepareSpec {
         format: WeightFormat::Mxfp4,
+        target: None,
         gate_mode_in: GateMode::Separated,
         hidden_align: 0,
         intermediate_align: 0,
@@ -438,6 +440,7 @@ fn prepare_fp8_block128_and_per_tensor_scales() {
     let w2 = vec![2u8; e * h * i];
     let spec = PrepareSpec {
         format: WeightFormat::Fp8Block128,
+        target: None,
         gate_mode_in: GateMode::Separated,
         hidden_align: 0,
         intermediate_align: 0,
@@ -881,6 +884,7 @@ fn prepare_args() -> moeplug_prepare_moe_args {
         out_w2_scale: std::ptr::null(),
         out_w2_bias: std::ptr::null(),
         out_layout: std::ptr::null_mut(),
+        target: 0,
     }
 }
 

@@ -161,6 +161,7 @@ def get_caps(device="cpu") -> Caps:
     )
 
 
+from ._aiter import aiter_args, resolve_config  # noqa: E402  (ABI 1.1)
 from ._ops import (  # noqa: E402  (the ops need the tables above)
     Prepared,
     check_fused_moe,
@@ -176,6 +177,8 @@ from ._ops import (  # noqa: E402  (the ops need the tables above)
 from ._runtime import num_threads, set_num_threads, set_progress_callback  # noqa: E402
 
 __all__ += [
+    "aiter_args",
+    "resolve_config",
     "num_threads",
     "set_num_threads",
     "set_progress_callback",

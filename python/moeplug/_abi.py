@@ -41,6 +41,15 @@ SCALE_LAYOUTS = {"plain": 1, "aiter_e8m0": 2, "cdna4_swizzle": 3, "cdna4": 3, "a
 # names when a value is turned back into a name.
 ALIASES = {"cdna4": "cdna4_swizzle"}
 ROUND_MODES = {"down": 1, "up": 2, "even": 3, "ceil": 4}
+# ABI 1.1: whose kernels prepare_moe lays out for (0 = moeplug's own; docs/aiter.md).
+PREP_TARGETS = {
+    "moeplug": 0,
+    "aiter_a4w4": 1,
+    "aiter_a8w4": 2,
+    "aiter_mxfp8": 3,
+    "aiter_a16w4_interleave": 4,
+    "aiter_triton_a16w4": 5,
+}
 LOG_LEVELS = {"error": 1, "warn": 2, "info": 3, "debug": 4}  # ABI 1.1
 BACKENDS = {1: "cpu", 2: "cuda", 3: "hip"}
 DEVICE_TYPES = {"cpu": 1, "cuda": 2, "cuda_host": 3, "rocm": 10, "rocm_host": 11, "cuda_managed": 13}
@@ -61,8 +70,9 @@ FEATURES = {
     "router_weight_on_input": 1 << 3,
     "graph_capture": 1 << 4,
     "device_prep": 1 << 5,
+    "deterministic": 1 << 6,  # ABI 1.1
 }
-LAYOUT_FLAGS = {"has_bias": 1 << 0}
+LAYOUT_FLAGS = {"has_bias": 1 << 0, "aiter_target": 1 << 1}
 MOE_FLAGS = {"router_weight_on_input": 1 << 3}
 STATUS_NAMES = [
     "MOEPLUG_OK",
@@ -227,6 +237,7 @@ class PrepareMoeArgs(_Sized):
         ("out_w2_scale", TensorP),
         ("out_w2_bias", TensorP),
         ("out_layout", POINTER(Layout)),
+        ("target", c_int32),  # ABI 1.1
     ]
 
 
@@ -241,6 +252,34 @@ class PrepareMoeSizes(_Sized):
         _fields_ += [(_name + "_ndim", c_int32), *_reserved, (_name + "_shape", c_int64 * 4)]
     _fields_ += [(_name + "_bytes", c_uint64) for _name in PREPARED_OUTPUTS]
     _fields_ += [("layout", Layout)]
+
+
+class AiterArgsOut(_Sized):  # ABI 1.1
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("is_shuffled", c_int32),
+        ("scale_swizzled", c_int32),
+        ("reserved0", c_uint32),
+        ("hidden_pad", c_int64),
+        ("intermediate_pad", c_int64),
+    ] + [(name, c_char * 16) for name in ("gate_mode", "quant_type", "quant_type_a", "quant_dtype_a", "quant_dtype_a2", "activation")]
+
+
+class ResolvedConfig(_Sized):  # ABI 1.1
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("backend", c_int32),
+        ("act_dtype", c_int32),
+        ("act_dtype_stage2", c_int32),
+        ("activation", c_int32),
+        ("alpha", c_float),
+        ("limit", c_float),
+        ("reserved0", c_uint32),
+        ("weight_format", c_int32),
+        ("gate_mode", c_int32),
+        ("weight_layout", c_int32),
+        ("scale_layout", c_int32),
+    ]
 
 
 class FusedMoeArgs(_Sized):
@@ -298,6 +337,8 @@ _SIGNATURES_1_1 = {
     "moeplug_num_threads": (c_uint32, []),
     "moeplug_set_log_callback": (_STATUS, [LogCallback, c_void_p]),
     "moeplug_set_progress_callback": (_STATUS, [ProgressCallback, c_void_p]),
+    "moeplug_resolve_config": (_STATUS, [c_int32, c_int32, POINTER(FusedMoeArgs), POINTER(ResolvedConfig)]),
+    "moeplug_aiter_args": (_STATUS, [POINTER(Layout), c_int32, POINTER(AiterArgsOut)]),
 }
 
 
@@ -373,6 +414,8 @@ C_STRUCTS = {
     "moeplug_quantize_mx_args": QuantizeMxArgs,
     "moeplug_prepare_moe_args": PrepareMoeArgs,
     "moeplug_prepare_moe_sizes_out": PrepareMoeSizes,
+    "moeplug_aiter_args_out": AiterArgsOut,
+    "moeplug_resolved_config": ResolvedConfig,
 }
 C_ENUMS = {
     "moeplug_status": {name: i for i, name in enumerate(STATUS_NAMES)},
@@ -386,6 +429,7 @@ C_ENUMS = {
     "moeplug_scale_layout": _constants("MOEPLUG_SCALE_LAYOUT_", SCALE_LAYOUTS, default=True),
     "moeplug_backend": {"MOEPLUG_BACKEND_NONE": 0, **{f"MOEPLUG_BACKEND_{n.upper()}": v for v, n in BACKENDS.items()}},
     "moeplug_round_mode": _constants("MOEPLUG_ROUND_MODE_", ROUND_MODES, default=True),
+    "moeplug_prep_target": _constants("MOEPLUG_PREP_TARGET_", PREP_TARGETS),
     "moeplug_log_level": _constants("MOEPLUG_LOG_LEVEL_", LOG_LEVELS),
     "moeplug_feature": _constants("MOEPLUG_FEATURE_", FEATURES),
     "moeplug_layout_flag": _constants("MOEPLUG_LAYOUT_FLAG_", LAYOUT_FLAGS),

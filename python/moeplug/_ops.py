@@ -187,10 +187,12 @@ def _prepare_args(w13, w2, weight_format, w13_scale, w2_scale, w13_bias, w2_bias
     from . import ACT_DTYPES, GATE_MODES, WEIGHT_FORMATS, parse_device
 
     dev_type, dev_id = parse_device(device if device is not None else (w13.device if is_torch(w13) else "cpu"))
+    if config.get("target") not in (None, 0, "moeplug") and device is None:
+        dev_type, dev_id = 0, 0  # an AITER target names its kernels (and their device) itself
     ins = {"w13": w13, "w13_scale": w13_scale, "w13_bias": w13_bias, "w2": w2, "w2_scale": w2_scale, "w2_bias": w2_bias}
     described = {k: describe(v, k) for k, v in ins.items()}
     keep.extend(described.values())
-    unknown = set(config) - {"act_dtype", "hidden_align", "intermediate_align"}
+    unknown = set(config) - {"act_dtype", "hidden_align", "intermediate_align", "target"}
     if unknown:
         raise TypeError(f"prepare_moe: unknown keyword(s) {', '.join(sorted(unknown))}")
     args = _abi.PrepareMoeArgs(
@@ -201,6 +203,7 @@ def _prepare_args(w13, w2, weight_format, w13_scale, w2_scale, w13_bias, w2_bias
         act_dtype=_enum(ACT_DTYPES, config.get("act_dtype"), "act_dtype"),
         hidden_align=c_int(config.get("hidden_align", 0), "hidden_align"),
         intermediate_align=c_int(config.get("intermediate_align", 0), "intermediate_align"),
+        target=_enum(_abi.PREP_TARGETS, config.get("target"), "target"),
     )
     for k, d in described.items():
         setattr(args, k, ptr(d))
@@ -324,7 +327,16 @@ def _byte_dtype(ref):
 
 def check_fused_moe(prepared_or_layout, *, device="cpu", activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, bias=None, expert_mask=False, num_local_tokens=False):
     """Raise MoeplugError(UNSUPPORTED, reason) unless `device` can run this configuration."""
-    from . import ACT_DTYPES, ACTIVATIONS, parse_device
+    from . import parse_device
+
+    args, _keep = config_args(prepared_or_layout, activation, alpha, limit, act_dtype, router_weight_on_input, expert_mask, num_local_tokens)
+    dev_type, dev_id = parse_device(device)
+    _check(_lib().moeplug_check_fused_moe(c_int(dev_type, "device_type"), c_int(dev_id, "device_id"), ctypes.byref(args)))
+
+
+def config_args(prepared_or_layout, activation, alpha, limit, act_dtype, router_weight_on_input, expert_mask, num_local_tokens):
+    """A launch's configuration without tensors (and what it points to, to keep alive)."""
+    from . import ACT_DTYPES, ACTIVATIONS
 
     layout = prepared_or_layout.layout if isinstance(prepared_or_layout, Prepared) else prepared_or_layout
     dummy = _abi.Tensor()  # only presence matters for the check
@@ -340,5 +352,4 @@ def check_fused_moe(prepared_or_layout, *, device="cpu", activation="silu", alph
         args.expert_mask = ctypes.pointer(dummy)
     if num_local_tokens:
         args.num_local_tokens = ctypes.pointer(dummy)
-    dev_type, dev_id = parse_device(device)
-    _check(_lib().moeplug_check_fused_moe(c_int(dev_type, "device_type"), c_int(dev_id, "device_id"), ctypes.byref(args)))
+    return args, (layout, dummy)

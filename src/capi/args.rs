@@ -27,16 +27,20 @@ pub fn non_null<T>(ptr: *const T, name: &str) -> Result<*const T> {
 pub unsafe trait Extensible: Copy {
     /// The C name, for messages.
     const NAME: &'static str;
-    /// The size of the 1.0 struct: the smallest `struct_size` a caller may pass.
+    /// The size of the 1.0 struct (of its first version, for a struct added later): the
+    /// smallest `struct_size` a caller may pass.
     const SIZE_V1_0: u32;
+    /// The ABI version that struct size belongs to.
+    const SINCE: &'static str = "1.0";
 }
 
 macro_rules! extensible {
-    ($($t:ident = $v1:ident),+ $(,)?) => {
+    ($($t:ident = $v1:ident $(@ $since:literal)?),+ $(,)?) => {
         $(
             unsafe impl Extensible for $t {
                 const NAME: &'static str = stringify!($t);
                 const SIZE_V1_0: u32 = $v1;
+                $(const SINCE: &'static str = $since;)?
             }
             // A frozen size can never exceed the struct it describes.
             const _: () = assert!($v1 as usize <= size_of::<$t>());
@@ -55,6 +59,9 @@ extensible!(
     moeplug_quantize_mx_args = MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_0,
     moeplug_prepare_moe_args = MOEPLUG_PREPARE_MOE_ARGS_SIZE_V1_0,
     moeplug_prepare_moe_sizes_out = MOEPLUG_PREPARE_MOE_SIZES_OUT_SIZE_V1_0,
+    // New in 1.1: the smallest size is the 1.1 one.
+    moeplug_aiter_args_out = MOEPLUG_AITER_ARGS_OUT_SIZE_V1_1 @ "1.1",
+    moeplug_resolved_config = MOEPLUG_RESOLVED_CONFIG_SIZE_V1_1 @ "1.1",
 );
 
 /// The caller's `struct_size`, refused below the 1.0 size.
@@ -65,8 +72,9 @@ unsafe fn caller_size<T: Extensible>(ptr: *const T, name: &str) -> Result<usize>
     let size = std::ptr::read_unaligned(ptr as *const u32);
     if size < T::SIZE_V1_0 {
         return Err(Error::invalid(format!(
-            "{name}.struct_size: expected at least {} (the 1.0 size of {}), got {size}",
+            "{name}.struct_size: expected at least {} (the {} size of {}), got {size}",
             T::SIZE_V1_0,
+            T::SINCE,
             T::NAME
         )));
     }
@@ -173,6 +181,14 @@ output!(
         w2_bias_ndim, reserved4, w2_bias_shape,
         w13_bytes, w13_scale_bytes, w13_bias_bytes, w2_bytes, w2_scale_bytes, w2_bias_bytes,
         layout,
+    }
+    moeplug_aiter_args_out {
+        struct_size, is_shuffled, scale_swizzled, reserved0, hidden_pad, intermediate_pad,
+        gate_mode, quant_type, quant_type_a, quant_dtype_a, quant_dtype_a2, activation,
+    }
+    moeplug_resolved_config {
+        struct_size, backend, act_dtype, act_dtype_stage2, activation, alpha, limit,
+        reserved0, weight_format, gate_mode, weight_layout, scale_layout,
     }
 );
 

@@ -8,6 +8,8 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod args;
+mod dispatch;
+pub use self::dispatch::*;
 mod moe;
 pub mod panic;
 mod prep;

@@ -11,7 +11,7 @@ use super::panic::{guard, symver};
 use super::status;
 use super::types::*;
 use crate::error::{Error, Result};
-use crate::layout::{fingerprint, Fragment, Layout};
+use crate::layout::{fingerprint, Fragment, Layout, FLAG_AITER_TARGET};
 use crate::prep::request::{
     self, PadWeights, PrepareMoe, PrepareTarget, PrepareTargetArgs, QuantizeMx, ShuffleScale,
     ShuffleWeight, SwizzleScale,
@@ -190,6 +190,7 @@ unsafe fn read_prepare(
         act_dtype: a.act_dtype,
         hidden_align: a.hidden_align,
         intermediate_align: a.intermediate_align,
+        target: a.target,
     })?;
     let need = |t: Option<Tensor>, name: &str| {
         t.ok_or_else(|| Error::invalid(format!("{name}: must not be NULL")))
@@ -205,7 +206,8 @@ unsafe fn read_prepare(
     })
 }
 
-fn layout_record(l: &Layout, fragment: &Fragment) -> moeplug_layout {
+/// The record of a preparation; `aiter` marks one laid out for an AITER kernel path.
+fn layout_record(l: &Layout, fragment: &Fragment, aiter: bool) -> moeplug_layout {
     moeplug_layout {
         struct_size: std::mem::size_of::<moeplug_layout>() as u32,
         weight_format: l.weight_format as i32,
@@ -217,7 +219,7 @@ fn layout_record(l: &Layout, fragment: &Fragment) -> moeplug_layout {
         intermediate_size: l.intermediate_size as i64,
         hidden_padded: l.hidden_padded as i64,
         intermediate_padded: l.intermediate_padded as i64,
-        flags: l.flags(),
+        flags: l.flags() | if aiter { FLAG_AITER_TARGET } else { 0 },
         reserved0: 0,
         act_dtype: fragment.act_dtype.map_or(0, |a| a as i32),
         reserved1: 0,
@@ -263,7 +265,8 @@ pub unsafe extern "C" fn moeplug_prepare_moe_sizes(
         let (w2_bias_ndim, w2_bias_shape) = shape4(p.w2_bias.as_ref());
         // The nested record is as long as the caller's struct leaves room for (a 1.0 caller:
         // the 1.0 record).
-        let mut layout = layout_record(&p.layout, &req.fragment(p));
+        let aiter = req.target.target.is_some();
+        let mut layout = layout_record(&p.layout, &req.fragment(p), aiter);
         let room = size - std::mem::offset_of!(moeplug_prepare_moe_sizes_out, layout);
         layout.struct_size = room.min(std::mem::size_of::<moeplug_layout>()) as u32;
         let sizes = moeplug_prepare_moe_sizes_out {
@@ -311,7 +314,8 @@ pub unsafe extern "C" fn moeplug_prepare_moe_sizes(
 /// reports, the dtypes of their inputs, and not overlap any input. `device_type` 2 (CUDA)
 /// gets the same layout (the CUDA fused_moe reads it); all tensors are host memory, or all
 /// on one device (then the work is queued on `stream`).
-/// `*out_layout` (caller sets `struct_size`) is written on success.
+/// `*out_layout` (caller sets `struct_size`) is written on success. 1.1: `target` names an
+/// AITER kernel path instead (docs/aiter.md): its rows, shuffles, act dtype, host tensors only.
 #[no_mangle]
 pub unsafe extern "C" fn moeplug_prepare_moe(
     args: *const moeplug_prepare_moe_args,
@@ -330,11 +334,12 @@ pub unsafe extern "C" fn moeplug_prepare_moe(
             optional_tensor(a.out_w2_bias, "out_w2_bias")?,
         ];
         let written: usize = outputs.iter().flatten().map(|o| o.nbytes()).sum();
+        let aiter = req.target.target.is_some();
         let (job, layout) = req.job(outputs)?;
         job.run_reporting(stream, "moeplug_prepare_moe", written as u64)?;
         write_struct(
             a.out_layout,
-            &layout_record(&layout, &job.fragment),
+            &layout_record(&layout, &job.fragment, aiter),
             layout_size,
         );
         Ok(())

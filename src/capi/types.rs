@@ -31,6 +31,10 @@ pub const MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_0: u32 = 48;
 pub const MOEPLUG_PREPARE_MOE_ARGS_SIZE_V1_0: u32 = 136;
 /// `sizeof(moeplug_prepare_moe_sizes_out)` in ABI 1.0.
 pub const MOEPLUG_PREPARE_MOE_SIZES_OUT_SIZE_V1_0: u32 = 352;
+/// `sizeof(moeplug_aiter_args_out)` in ABI 1.1, its first version (the smallest accepted).
+pub const MOEPLUG_AITER_ARGS_OUT_SIZE_V1_1: u32 = 128;
+/// `sizeof(moeplug_resolved_config)` in ABI 1.1, its first version (the smallest accepted).
+pub const MOEPLUG_RESOLVED_CONFIG_SIZE_V1_1: u32 = 48;
 
 /// DLPack `DLDevice`.
 #[repr(C)]
@@ -269,6 +273,10 @@ pub struct moeplug_prepare_moe_args {
     pub out_w2_bias: *const moeplug_tensor,
     /// Written on success.
     pub out_layout: *mut moeplug_layout,
+    /// 1.1: whose kernels the layout is for, a `moeplug_prep_target` value: 0 = moeplug's
+    /// own (the 1.0 behaviour), else the AITER kernel path named (docs/aiter.md); never
+    /// guessed from M, the arch or the environment.
+    pub target: i32,
 }
 
 /// Shapes and bytes of each output of `moeplug_prepare_moe` (0-dim = absent). The
@@ -303,6 +311,62 @@ pub struct moeplug_prepare_moe_sizes_out {
     /// The layout record the preparation will write. Its `struct_size` is the bytes of it
     /// filled: `MOEPLUG_LAYOUT_SIZE_V1_0` for a caller of the 1.0 size of this struct.
     pub layout: moeplug_layout,
+}
+
+/// AITER `fused_moe` keyword values for a layout record (`moeplug_aiter_args`, ABI 1.1).
+/// Strings are NUL-terminated spellings of AITER's Python names (docs/aiter.md).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_aiter_args_out {
+    pub struct_size: u32,
+    /// 1: set `is_shuffled = True` on w1 and w2 (`shuffle_weight` layout).
+    pub is_shuffled: i32,
+    /// 1: the scales are in triton_kernels' CDNA4 swizzle (the Triton a16w4 path).
+    pub scale_swizzled: i32,
+    /// Reserved: written as zero.
+    pub reserved0: u32,
+    /// `hidden_pad`: zero-filled trailing elements of H (values, not bytes).
+    pub hidden_pad: i64,
+    /// `intermediate_pad`: zero-filled trailing elements per half of I (not doubled, not
+    /// rounded: AITER rounds to each kernel's tile itself).
+    pub intermediate_pad: i64,
+    /// `gate_mode` ("separated", "interleave"; "" for a row order AITER has no gate mode for).
+    pub gate_mode: [c_char; 16],
+    /// `quant_type`: a `QuantType` member name ("No", "per_Token", "per_1x32", ...).
+    pub quant_type: [c_char; 16],
+    /// `quant_type_a`: the activations' `QuantType` member name.
+    pub quant_type_a: [c_char; 16],
+    /// `quant_dtype_a` / `quant_dtype_a2`: `aiter.dtypes` names ("bf16", "fp8", "fp4x2").
+    pub quant_dtype_a: [c_char; 16],
+    pub quant_dtype_a2: [c_char; 16],
+    /// `activation`: an `ActivationType` member name ("Silu", "Gelu", "Swiglu").
+    pub activation: [c_char; 16],
+}
+
+/// What a launch of a configuration will use, resolved once without M
+/// (`moeplug_resolve_config`, ABI 1.1).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_resolved_config {
+    pub struct_size: u32,
+    /// The `moeplug_backend` that answered.
+    pub backend: i32,
+    /// `moeplug_act_dtype` of the stage-1 and the stage-2 GEMM inputs (never DEFAULT).
+    pub act_dtype: i32,
+    pub act_dtype_stage2: i32,
+    /// `moeplug_activation` (never DEFAULT), with its resolved parameters: `alpha`, and
+    /// `limit` (0 = no clamp).
+    pub activation: i32,
+    pub alpha: f32,
+    pub limit: f32,
+    /// Reserved: written as zero.
+    pub reserved0: u32,
+    /// The record's layouts the kernels read (`moeplug_weight_format`, `moeplug_gate_mode`,
+    /// `moeplug_weight_layout`, `moeplug_scale_layout`).
+    pub weight_format: i32,
+    pub gate_mode: i32,
+    pub weight_layout: i32,
+    pub scale_layout: i32,
 }
 
 /// Everything a fused MoE launch needs. Optional tensors are NULL.
