@@ -95,6 +95,36 @@
 #define MOEPLUG_RESOLVED_CONFIG_SIZE_V1_1 48
 
 /**
+ * `sizeof(moeplug_layout_fragment)` in ABI 1.1, where it first appeared.
+ */
+#define MOEPLUG_LAYOUT_FRAGMENT_SIZE_V1_1 72
+
+/**
+ * `sizeof(moeplug_shuffle_weight_args)` in ABI 1.1.
+ */
+#define MOEPLUG_SHUFFLE_WEIGHT_ARGS_SIZE_V1_1 64
+
+/**
+ * `sizeof(moeplug_shuffle_scale_args)` in ABI 1.1.
+ */
+#define MOEPLUG_SHUFFLE_SCALE_ARGS_SIZE_V1_1 48
+
+/**
+ * `sizeof(moeplug_pad_weights_args)` in ABI 1.1.
+ */
+#define MOEPLUG_PAD_WEIGHTS_ARGS_SIZE_V1_1 48
+
+/**
+ * `sizeof(moeplug_swizzle_scale_args)` in ABI 1.1.
+ */
+#define MOEPLUG_SWIZZLE_SCALE_ARGS_SIZE_V1_1 40
+
+/**
+ * `sizeof(moeplug_quantize_mx_args)` in ABI 1.1.
+ */
+#define MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_1 56
+
+/**
  * Status of every call; 0 is success. Values never change.
  */
 enum moeplug_status
@@ -555,6 +585,37 @@ typedef uint32_t moeplug_layout_flag;
 #endif // __cplusplus
 
 /**
+ * `moeplug_layout_fragment.has_bias`: what a preparation call established about biases.
+ * ABI 1.1.
+ */
+enum moeplug_fragment_bias
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Not established by this call (every primitive: a padded bias looks like a padded
+   * fp32 scale).
+   */
+  MOEPLUG_FRAGMENT_BIAS_UNKNOWN = 0,
+  /**
+   * The weights come without biases.
+   */
+  MOEPLUG_FRAGMENT_BIAS_ABSENT = 1,
+  /**
+   * The weights come with fp32 biases (`MOEPLUG_LAYOUT_FLAG_HAS_BIAS`).
+   */
+  MOEPLUG_FRAGMENT_BIAS_PRESENT = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_fragment_bias moeplug_fragment_bias;
+#else
+typedef int32_t moeplug_fragment_bias;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Bits of `moeplug_fused_moe_args.flags`.
  */
 enum moeplug_moe_flag
@@ -624,7 +685,8 @@ typedef struct moeplug_caps {
 /**
  * The layout record: what preparation produced and what the launch checks. Plain data, safe
  * to store next to cached weights. Written by `moeplug_prepare_moe`; engines that prepare
- * with the primitives fill it themselves. Pads are derived from the sizes.
+ * with the primitives assemble it from their fragments (`moeplug_layout_from_fragments`,
+ * 1.1) or fill it themselves. Pads are derived from the sizes.
  */
 typedef struct moeplug_layout {
   uint32_t struct_size;
@@ -683,9 +745,10 @@ typedef struct moeplug_layout {
    */
   uint32_t reserved1;
   /**
-   * 1.1: what preparation produced, sealed by `moeplug_prepare_moe` (docs/abi.md
-   * "Layout fingerprint"); the launch refuses a record that contradicts it with
-   * LAYOUT_MISMATCH naming the field. 0 = none (a record filled by hand; 1.0 behaviour).
+   * 1.1: what preparation produced, sealed by `moeplug_prepare_moe` or
+   * `moeplug_layout_from_fragments` (docs/abi.md §8); the launch refuses a record that
+   * contradicts it with LAYOUT_MISMATCH naming the field. 0 = none (a record filled by
+   * hand; 1.0 behaviour).
    */
   uint64_t prep_fingerprint;
 } moeplug_layout;
@@ -884,6 +947,54 @@ typedef struct moeplug_aiter_args_out {
 } moeplug_aiter_args_out;
 
 /**
+ * 1.1: what one preparation call established about the bytes it wrote (docs/abi.md §8,
+ * "Layout fragments"). A primitive writes it through its `out_fragment`;
+ * `moeplug_layout_from_fragments` assembles a sealed record from those of every call that
+ * produced the weights. Every field is 0 where the call established nothing; a caller may
+ * fill one itself for what no primitive can know (an fp8 weight format, biases, the
+ * activation dtype, sizes it did not pad).
+ */
+typedef struct moeplug_layout_fragment {
+  uint32_t struct_size;
+  /**
+   * A `moeplug_weight_format` value, 0 = not established.
+   */
+  int32_t weight_format;
+  /**
+   * A `moeplug_gate_mode` value: the row order of `w13`.
+   */
+  int32_t gate_mode;
+  /**
+   * A `moeplug_weight_layout` value.
+   */
+  int32_t weight_layout;
+  /**
+   * A `moeplug_scale_layout` value.
+   */
+  int32_t scale_layout;
+  /**
+   * A `moeplug_act_dtype` value the weights were prepared for.
+   */
+  int32_t act_dtype;
+  /**
+   * As in `moeplug_layout`; 0 = not established.
+   */
+  int64_t num_experts;
+  int64_t hidden_size;
+  int64_t intermediate_size;
+  int64_t hidden_padded;
+  int64_t intermediate_padded;
+  /**
+   * A `moeplug_fragment_bias` value.
+   */
+  int32_t has_bias;
+  /**
+   * Reserved: written as zero; must be zero when read.
+   */
+  uint32_t reserved0;
+} moeplug_layout_fragment;
+
+/**
  * AITER `shuffle_weight`: `src`, `dst` `[..., N, K]` (K in storage elements: bytes for fp4x2).
  */
 typedef struct moeplug_shuffle_weight_args {
@@ -914,6 +1025,11 @@ typedef struct moeplug_shuffle_weight_args {
    * If > 0, K is zero-padded to a multiple of this first; `dst` has the padded K.
    */
   int64_t pad_k_to;
+  /**
+   * 1.1: where to write what this call established (NULL = nowhere; the caller sets
+   * `struct_size`). Written on success only.
+   */
+  struct moeplug_layout_fragment *out_fragment;
 } moeplug_shuffle_weight_args;
 
 /**
@@ -929,6 +1045,11 @@ typedef struct moeplug_shuffle_scale_args {
   int32_t num_experts;
   int32_t is_guinterleave;
   int32_t gate_up;
+  /**
+   * 1.1: where to write what this call established (NULL = nowhere; the caller sets
+   * `struct_size`). Written on success only.
+   */
+  struct moeplug_layout_fragment *out_fragment;
 } moeplug_shuffle_scale_args;
 
 /**
@@ -946,6 +1067,11 @@ typedef struct moeplug_pad_weights_args {
    * Value of the padding, converted to the element type (0 -> zero bytes).
    */
   double fill;
+  /**
+   * 1.1: where to write what this call established (NULL = nowhere; the caller sets
+   * `struct_size`). Written on success only.
+   */
+  struct moeplug_layout_fragment *out_fragment;
 } moeplug_pad_weights_args;
 
 /**
@@ -959,6 +1085,11 @@ typedef struct moeplug_swizzle_scale_args {
    * A `moeplug_scale_layout` value (0 -> CDNA4_SWIZZLE).
    */
   int32_t layout;
+  /**
+   * 1.1: where to write what this call established (NULL = nowhere; the caller sets
+   * `struct_size`). Written on success only.
+   */
+  struct moeplug_layout_fragment *out_fragment;
 } moeplug_swizzle_scale_args;
 
 /**
@@ -985,6 +1116,11 @@ typedef struct moeplug_quantize_mx_args {
    * Non-zero: write the scales in AITER's e8m0_shuffle layout.
    */
   int32_t shuffle_scale;
+  /**
+   * 1.1: where to write what this call established (NULL = nowhere; the caller sets
+   * `struct_size`). Written on success only.
+   */
+  struct moeplug_layout_fragment *out_fragment;
 } moeplug_quantize_mx_args;
 
 /**
@@ -1198,14 +1334,31 @@ moeplug_status moeplug_aiter_args(const struct moeplug_layout *record,
                                   struct moeplug_aiter_args_out *out);
 
 /**
+ * Assemble the layout record of weights prepared with the primitives: `fragments` holds
+ * `num_fragments` (1 to 256) pointers, each to a fragment a primitive wrote through its
+ * `out_fragment` or one the caller filled for what no primitive establishes (an fp8
+ * `weight_format`, biases, `act_dtype`, sizes it did not pad). Two fragments that set a
+ * field differently are INVALID_ARGUMENT naming both (`fragments[2].hidden_padded: 576, but
+ * fragments[0] established 512 ...`); a field a record needs that no fragment sets is
+ * INVALID_ARGUMENT naming it. On success `*out_layout` (caller sets `struct_size`) is the
+ * record, sealed in `prep_fingerprint`: a launch refuses it with LAYOUT_MISMATCH naming the
+ * field once a field is edited. ABI 1.1.
+ */
+moeplug_status moeplug_layout_from_fragments(const struct moeplug_layout_fragment *const *fragments,
+                                             size_t num_fragments,
+                                             struct moeplug_layout *out_layout);
+
+/**
  * AITER `shuffle_weight` (docs/layouts.md F1/F2) from `args->src` into `args->dst`, both
  * `[..., N, K]` (packed fp4 as `{17, 4, 1}` logical or uint8 bytes; K in storage elements
  * for the divisibility rules). `layout_n`/`layout_k` 0 → 16. `dst` has `src`'s shape, with K
  * rounded up to `pad_k_to` when that is > 0 (zero padding). `gate_up` requires
  * `is_guinterleave` (a 3-D `[E, N, K]`). Host tensors run synchronously (`stream` unused);
  * device tensors (all on one device, else INVALID_ARGUMENT) are written by kernels queued on
- * `stream` (NULL = the default stream), byte-identical to the host result. The same holds
- * for every prep call.
+ * `stream` (NULL = the default stream), byte-identical to the host result. With
+ * `out_fragment` (1.1) set, a successful call also writes the layout fragment it
+ * established (docs/abi.md §8), for `moeplug_layout_from_fragments`. The same holds for
+ * every prep call.
  */
 moeplug_status moeplug_shuffle_weight(const struct moeplug_shuffle_weight_args *args, void *stream);
 
@@ -1322,6 +1475,7 @@ typedef moeplug_status (*moeplug_fused_moe_workspace_size_fn)(const struct moepl
 typedef moeplug_status (*moeplug_fused_moe_fn)(const struct moeplug_fused_moe_args *args);
 typedef moeplug_status (*moeplug_resolve_config_fn)(int32_t device_type, int32_t device_id, const struct moeplug_fused_moe_args *args, struct moeplug_resolved_config *out);
 typedef moeplug_status (*moeplug_aiter_args_fn)(const struct moeplug_layout *record, int32_t activation, struct moeplug_aiter_args_out *out);
+typedef moeplug_status (*moeplug_layout_from_fragments_fn)(const struct moeplug_layout_fragment *const *fragments, size_t num_fragments, struct moeplug_layout *out_layout);
 typedef moeplug_status (*moeplug_shuffle_weight_fn)(const struct moeplug_shuffle_weight_args *args, void *stream);
 typedef moeplug_status (*moeplug_shuffle_scale_fn)(const struct moeplug_shuffle_scale_args *args, void *stream);
 typedef moeplug_status (*moeplug_pad_weights_fn)(const struct moeplug_pad_weights_args *args, void *stream);

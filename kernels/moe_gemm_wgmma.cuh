@@ -28,8 +28,12 @@
 // same output columns, so the epilogue pairs them in-thread.
 // WG_N (weight rows per block: 128 or 256), WG_STAGES (ring depth) and WG_SMEM_BYTES (the
 // dynamic shared memory the host launches with) come from spec.rs.
-#if !defined(WG_N) || !defined(WG_STAGES) || !defined(WG_SMEM_BYTES)
-#error "WG_N, WG_STAGES, WG_SMEM_BYTES: set by the host"
+// WG_MIN_BLOCKS: blocks per SM the register budget is for.
+#if !defined(WG_N) || !defined(WG_STAGES) || !defined(WG_SMEM_BYTES) || !defined(WG_MIN_BLOCKS)
+#error "WG_N, WG_STAGES, WG_SMEM_BYTES, WG_MIN_BLOCKS: set by the host"
+#endif
+#if WG_STAGES < 3
+#error "the ring needs 3 stages (copies run WG_STAGES - 2 steps ahead)"
 #endif
 #define WG_ROW 128                   // bytes per operand row per K step
 #define WG_B_ROWS (BM == 128 ? WG_N : 2 * WG_N)  // weight rows of a block
@@ -302,5 +306,9 @@ __device__ void moe_gemm_wg(const Params& p) {
   }
 }
 
-MP_KERNEL void __launch_bounds__(THREADS, 1) moe_stage1(Params p) { moe_gemm_wg<true>(p); }
-MP_KERNEL void __launch_bounds__(THREADS, 1) moe_stage2(Params p) { moe_gemm_wg<false>(p); }
+MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS) moe_stage1(Params p) {
+  moe_gemm_wg<true>(p);
+}
+MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS) moe_stage2(Params p) {
+  moe_gemm_wg<false>(p);
+}

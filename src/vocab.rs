@@ -218,6 +218,20 @@ pub enum moeplug_prep_target {
     AiterTritonA16w4 = 5,
 }
 
+/// `moeplug_layout_fragment.has_bias`: what a preparation call established about biases.
+/// ABI 1.1.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_fragment_bias {
+    /// Not established by this call (every primitive: a padded bias looks like a padded
+    /// fp32 scale).
+    Unknown = 0,
+    /// The weights come without biases.
+    Absent = 1,
+    /// The weights come with fp32 biases (`MOEPLUG_LAYOUT_FLAG_HAS_BIAS`).
+    Present = 2,
+}
+
 /// Bits of `moeplug_fused_moe_args.flags`.
 #[repr(u32)]
 #[derive(Debug, Clone, Copy)]

@@ -333,6 +333,7 @@ fn triton_a16w4_keeps_the_row_interleave_and_swizzles_scales_for_cdna4() {
         src: sd.ptr(),
         dst: dd.ptr(),
         layout: 3,
+        out_fragment: std::ptr::null_mut(),
     };
     ok(unsafe { moeplug_swizzle_scale(&a, std::ptr::null_mut()) });
     assert_bytes(p(3), &want2, None, "w2_scale");

@@ -220,6 +220,7 @@ fn cdna4_swizzle_cases() {
                 src: s.ptr(),
                 dst: d.ptr(),
                 layout,
+                out_fragment: std::ptr::null_mut(),
             };
             ok(unsafe { moeplug_swizzle_scale(&a, std::ptr::null_mut()) });
             assert_bytes(&out, &want.bytes, None, name);
@@ -329,6 +330,7 @@ fn quantize(
         format,
         round_mode: mode,
         shuffle_scale: shuffle as i32,
+        out_fragment: std::ptr::null_mut(),
     };
     ok(unsafe { moeplug_quantize_mx(&a, std::ptr::null_mut()) });
     (q, sc)

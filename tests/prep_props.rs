@@ -639,6 +639,7 @@ fn shuffle_scale_errors() {
             num_experts: e,
             is_guinterleave: gui as i32,
             gate_up: gu as i32,
+            out_fragment: std::ptr::null_mut(),
         };
         unsafe { moeplug_shuffle_scale(&a, std::ptr::null_mut()) }
     };
@@ -706,6 +707,7 @@ fn pad_weights_through_c_and_errors() {
             dst: d.ptr(),
             gate_up: gu as i32,
             fill,
+            out_fragment: std::ptr::null_mut(),
         };
         unsafe { moeplug_pad_weights(&a, std::ptr::null_mut()) }
     };
@@ -794,6 +796,7 @@ fn swizzle_and_quantize_errors() {
         src: s.ptr(),
         dst: d.ptr(),
         layout: 0,
+        out_fragment: std::ptr::null_mut(),
     };
     let call =
         |a: &moeplug_swizzle_scale_args| unsafe { moeplug_swizzle_scale(a, std::ptr::null_mut()) };
@@ -821,6 +824,7 @@ fn swizzle_and_quantize_errors() {
         format: 0,
         round_mode: 0,
         shuffle_scale: 0,
+        out_fragment: std::ptr::null_mut(),
     };
     let qcall =
         |a: &moeplug_quantize_mx_args| unsafe { moeplug_quantize_mx(a, std::ptr::null_mut()) };

@@ -162,11 +162,14 @@ def get_caps(device="cpu") -> Caps:
 
 
 from ._aiter import aiter_args, resolve_config  # noqa: E402  (ABI 1.1)
+from ._abi import LayoutFragment  # noqa: E402
 from ._ops import (  # noqa: E402  (the ops need the tables above)
     Prepared,
     check_fused_moe,
+    declare_fragment,
     fused_moe,
     fused_moe_workspace_size,
+    layout_from_fragments,
     pad_weights,
     prepare_moe,
     quantize_mx,
@@ -183,7 +186,10 @@ __all__ += [
     "set_num_threads",
     "set_progress_callback",
     "Prepared",
+    "LayoutFragment",
     "check_fused_moe",
+    "declare_fragment",
+    "layout_from_fragments",
     "fused_moe",
     "fused_moe_workspace_size",
     "pad_weights",

@@ -1,4 +1,4 @@
-"""ctypes mirror of include/moeplug.h (ABI 1.0) and the library loader.
+"""ctypes mirror of include/moeplug.h (ABI 1.1) and the library loader.
 
 The one Python copy of the header: structs, enum values and flag bits. `C_STRUCTS` and
 `C_ENUMS` name every header struct and enum; tests/abi.rs compares them with the header field
@@ -73,6 +73,7 @@ FEATURES = {
     "deterministic": 1 << 6,  # ABI 1.1
 }
 LAYOUT_FLAGS = {"has_bias": 1 << 0, "aiter_target": 1 << 1}
+FRAGMENT_BIAS = {"unknown": 0, "absent": 1, "present": 2}  # ABI 1.1
 MOE_FLAGS = {"router_weight_on_input": 1 << 3}
 STATUS_NAMES = [
     "MOEPLUG_OK",
@@ -141,6 +142,30 @@ class Layout(_Sized):
     ]
 
 
+class LayoutFragment(_Sized):
+    """ABI 1.1: what one preparation call established (0 = nothing); docs/abi.md §8."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("weight_format", c_int32),
+        ("gate_mode", c_int32),
+        ("weight_layout", c_int32),
+        ("scale_layout", c_int32),
+        ("act_dtype", c_int32),
+        ("num_experts", c_int64),
+        ("hidden_size", c_int64),
+        ("intermediate_size", c_int64),
+        ("hidden_padded", c_int64),
+        ("intermediate_padded", c_int64),
+        ("has_bias", c_int32),
+        ("reserved0", c_uint32),
+    ]
+
+
+# ABI 1.1: appended to every primitive's arguments; NULL = no fragment.
+_OUT_FRAGMENT = ("out_fragment", POINTER(LayoutFragment))
+
+
 class Caps(_Sized):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -174,6 +199,7 @@ class ShuffleWeightArgs(_Sized):
         ("is_guinterleave", c_int32),
         ("gate_up", c_int32),
         ("pad_k_to", c_int64),
+        _OUT_FRAGMENT,
     ]
 
 
@@ -185,6 +211,7 @@ class ShuffleScaleArgs(_Sized):
         ("num_experts", c_int32),
         ("is_guinterleave", c_int32),
         ("gate_up", c_int32),
+        _OUT_FRAGMENT,
     ]
 
 
@@ -195,11 +222,12 @@ class PadWeightsArgs(_Sized):
         ("dst", TensorP),
         ("gate_up", c_int32),
         ("fill", c_double),
+        _OUT_FRAGMENT,
     ]
 
 
 class SwizzleScaleArgs(_Sized):
-    _fields_ = [("struct_size", c_uint32), ("src", TensorP), ("dst", TensorP), ("layout", c_int32)]
+    _fields_ = [("struct_size", c_uint32), ("src", TensorP), ("dst", TensorP), ("layout", c_int32), _OUT_FRAGMENT]
 
 
 class QuantizeMxArgs(_Sized):
@@ -211,6 +239,7 @@ class QuantizeMxArgs(_Sized):
         ("format", c_int32),
         ("round_mode", c_int32),
         ("shuffle_scale", c_int32),
+        _OUT_FRAGMENT,
     ]
 
 
@@ -339,6 +368,7 @@ _SIGNATURES_1_1 = {
     "moeplug_set_progress_callback": (_STATUS, [ProgressCallback, c_void_p]),
     "moeplug_resolve_config": (_STATUS, [c_int32, c_int32, POINTER(FusedMoeArgs), POINTER(ResolvedConfig)]),
     "moeplug_aiter_args": (_STATUS, [POINTER(Layout), c_int32, POINTER(AiterArgsOut)]),
+    "moeplug_layout_from_fragments": (_STATUS, [POINTER(POINTER(LayoutFragment)), c_size_t, POINTER(Layout)]),
 }
 
 
@@ -406,6 +436,7 @@ C_STRUCTS = {
     "moeplug_tensor": Tensor,
     "moeplug_caps": Caps,
     "moeplug_layout": Layout,
+    "moeplug_layout_fragment": LayoutFragment,
     "moeplug_fused_moe_args": FusedMoeArgs,
     "moeplug_shuffle_weight_args": ShuffleWeightArgs,
     "moeplug_shuffle_scale_args": ShuffleScaleArgs,
@@ -433,6 +464,7 @@ C_ENUMS = {
     "moeplug_log_level": _constants("MOEPLUG_LOG_LEVEL_", LOG_LEVELS),
     "moeplug_feature": _constants("MOEPLUG_FEATURE_", FEATURES),
     "moeplug_layout_flag": _constants("MOEPLUG_LAYOUT_FLAG_", LAYOUT_FLAGS),
+    "moeplug_fragment_bias": _constants("MOEPLUG_FRAGMENT_BIAS_", FRAGMENT_BIAS),
     "moeplug_moe_flag": _constants("MOEPLUG_MOE_FLAG_", MOE_FLAGS),
 }
 # The frozen 1.0 size of every struct that starts with struct_size (the header's *_SIZE_V1_0).
@@ -448,6 +480,18 @@ SIZES_V1_0 = {
     "moeplug_prepare_moe_args": 136,
     "moeplug_prepare_moe_sizes_out": 352,
 }
+# The 1.1 sizes (the header's *_SIZE_V1_1): a struct new in 1.1 at its first size, and the
+# structs that grew in 1.1.
+SIZES_V1_1 = {
+    "moeplug_aiter_args_out": 128,
+    "moeplug_resolved_config": 48,
+    "moeplug_layout_fragment": 72,
+    "moeplug_shuffle_weight_args": 64,
+    "moeplug_shuffle_scale_args": 48,
+    "moeplug_pad_weights_args": 48,
+    "moeplug_swizzle_scale_args": 40,
+    "moeplug_quantize_mx_args": 56,
+}
 
 
 def describe_mirror() -> list[str]:
@@ -461,6 +505,7 @@ def describe_mirror() -> list[str]:
     for ename, values in C_ENUMS.items():
         for name, v in values.items():
             lines.append(f"enum {ename} {name} {v}")
-    for cname, size in SIZES_V1_0.items():
-        lines.append(f"v1_0 {cname} {size}")
+    for version, sizes in (("v1_0", SIZES_V1_0), ("v1_1", SIZES_V1_1)):
+        for cname, size in sizes.items():
+            lines.append(f"{version} {cname} {size}")
     return lines

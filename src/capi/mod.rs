@@ -10,6 +10,8 @@
 pub mod args;
 mod dispatch;
 pub use self::dispatch::*;
+mod fragment;
+pub use self::fragment::*;
 mod moe;
 pub mod panic;
 mod prep;

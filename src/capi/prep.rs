@@ -7,6 +7,7 @@
 use super::args::{
     enum_or, flag, optional_tensor, out_struct_size, read_struct, tensor, write_struct,
 };
+use super::fragment::OutFragment;
 use super::panic::{guard, symver};
 use super::status;
 use super::types::*;
@@ -25,8 +26,10 @@ use crate::types::{RoundMode, ScaleLayout, WeightFormat};
 /// rounded up to `pad_k_to` when that is > 0 (zero padding). `gate_up` requires
 /// `is_guinterleave` (a 3-D `[E, N, K]`). Host tensors run synchronously (`stream` unused);
 /// device tensors (all on one device, else INVALID_ARGUMENT) are written by kernels queued on
-/// `stream` (NULL = the default stream), byte-identical to the host result. The same holds
-/// for every prep call.
+/// `stream` (NULL = the default stream), byte-identical to the host result. With
+/// `out_fragment` (1.1) set, a successful call also writes the layout fragment it
+/// established (docs/abi.md §8), for `moeplug_layout_from_fragments`. The same holds for
+/// every prep call.
 #[no_mangle]
 pub unsafe extern "C" fn moeplug_shuffle_weight(
     args: *const moeplug_shuffle_weight_args,
@@ -34,6 +37,7 @@ pub unsafe extern "C" fn moeplug_shuffle_weight(
 ) -> moeplug_status {
     status(guard("moeplug_shuffle_weight", || {
         let a = read_struct(args, "args")?;
+        let fragment = OutFragment::new(a.out_fragment)?;
         let job = ShuffleWeight {
             src: tensor(a.src, "src")?,
             dst: tensor(a.dst, "dst")?,
@@ -45,7 +49,9 @@ pub unsafe extern "C" fn moeplug_shuffle_weight(
             pad_k_to: a.pad_k_to,
         }
         .plan()?;
-        job.run(stream)
+        job.run(stream)?;
+        fragment.write(&job.fragment);
+        Ok(())
     }))
 }
 
@@ -63,6 +69,7 @@ pub unsafe extern "C" fn moeplug_shuffle_scale(
 ) -> moeplug_status {
     status(guard("moeplug_shuffle_scale", || {
         let a = read_struct(args, "args")?;
+        let fragment = OutFragment::new(a.out_fragment)?;
         let job = ShuffleScale {
             src: tensor(a.src, "src")?,
             dst: tensor(a.dst, "dst")?,
@@ -71,7 +78,9 @@ pub unsafe extern "C" fn moeplug_shuffle_scale(
             gate_up: flag(a.gate_up),
         }
         .plan()?;
-        job.run(stream)
+        job.run(stream)?;
+        fragment.write(&job.fragment);
+        Ok(())
     }))
 }
 
@@ -87,6 +96,7 @@ pub unsafe extern "C" fn moeplug_pad_weights(
 ) -> moeplug_status {
     status(guard("moeplug_pad_weights", || {
         let a = read_struct(args, "args")?;
+        let fragment = OutFragment::new(a.out_fragment)?;
         let job = PadWeights {
             src: tensor(a.src, "src")?,
             dst: tensor(a.dst, "dst")?,
@@ -94,7 +104,9 @@ pub unsafe extern "C" fn moeplug_pad_weights(
             fill: a.fill,
         }
         .plan()?;
-        job.run(stream)
+        job.run(stream)?;
+        fragment.write(&job.fragment);
+        Ok(())
     }))
 }
 
@@ -110,6 +122,7 @@ pub unsafe extern "C" fn moeplug_swizzle_scale(
 ) -> moeplug_status {
     status(guard("moeplug_swizzle_scale", || {
         let a = read_struct(args, "args")?;
+        let fragment = OutFragment::new(a.out_fragment)?;
         let layout = enum_or(a.layout, ScaleLayout::Cdna4Swizzle, |r| {
             ScaleLayout::from_raw("layout", r)
         })?;
@@ -119,7 +132,9 @@ pub unsafe extern "C" fn moeplug_swizzle_scale(
             layout,
         }
         .plan()?;
-        job.run(stream)
+        job.run(stream)?;
+        fragment.write(&job.fragment);
+        Ok(())
     }))
 }
 
@@ -139,6 +154,7 @@ pub unsafe extern "C" fn moeplug_quantize_mx(
 ) -> moeplug_status {
     status(guard("moeplug_quantize_mx", || {
         let a = read_struct(args, "args")?;
+        let fragment = OutFragment::new(a.out_fragment)?;
         let format = enum_or(a.format, WeightFormat::Mxfp4, |r| {
             WeightFormat::from_raw("format", r)
         })?;
@@ -158,7 +174,9 @@ pub unsafe extern "C" fn moeplug_quantize_mx(
             shuffle_scale: flag(a.shuffle_scale),
         }
         .plan()?;
-        job.run_reporting(stream, "moeplug_quantize_mx", written)
+        job.run_reporting(stream, "moeplug_quantize_mx", written)?;
+        fragment.write(&job.fragment);
+        Ok(())
     }))
 }
 
@@ -207,7 +225,7 @@ unsafe fn read_prepare(
 }
 
 /// The record of a preparation; `aiter` marks one laid out for an AITER kernel path.
-fn layout_record(l: &Layout, fragment: &Fragment, aiter: bool) -> moeplug_layout {
+pub(super) fn layout_record(l: &Layout, fragment: &Fragment, aiter: bool) -> moeplug_layout {
     moeplug_layout {
         struct_size: std::mem::size_of::<moeplug_layout>() as u32,
         weight_format: l.weight_format as i32,

@@ -31,10 +31,27 @@ pub const MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_0: u32 = 48;
 pub const MOEPLUG_PREPARE_MOE_ARGS_SIZE_V1_0: u32 = 136;
 /// `sizeof(moeplug_prepare_moe_sizes_out)` in ABI 1.0.
 pub const MOEPLUG_PREPARE_MOE_SIZES_OUT_SIZE_V1_0: u32 = 352;
+
+// Sizes of the 1.1 structs as released in 1.1 (for the structs new in 1.1 -- the AITER
+// arguments, the resolved config, the layout fragment -- the smallest `struct_size` each
+// call accepts; the others are the argument structs with `out_fragment` appended).
+
 /// `sizeof(moeplug_aiter_args_out)` in ABI 1.1, its first version (the smallest accepted).
 pub const MOEPLUG_AITER_ARGS_OUT_SIZE_V1_1: u32 = 128;
 /// `sizeof(moeplug_resolved_config)` in ABI 1.1, its first version (the smallest accepted).
 pub const MOEPLUG_RESOLVED_CONFIG_SIZE_V1_1: u32 = 48;
+/// `sizeof(moeplug_layout_fragment)` in ABI 1.1, where it first appeared.
+pub const MOEPLUG_LAYOUT_FRAGMENT_SIZE_V1_1: u32 = 72;
+/// `sizeof(moeplug_shuffle_weight_args)` in ABI 1.1.
+pub const MOEPLUG_SHUFFLE_WEIGHT_ARGS_SIZE_V1_1: u32 = 64;
+/// `sizeof(moeplug_shuffle_scale_args)` in ABI 1.1.
+pub const MOEPLUG_SHUFFLE_SCALE_ARGS_SIZE_V1_1: u32 = 48;
+/// `sizeof(moeplug_pad_weights_args)` in ABI 1.1.
+pub const MOEPLUG_PAD_WEIGHTS_ARGS_SIZE_V1_1: u32 = 48;
+/// `sizeof(moeplug_swizzle_scale_args)` in ABI 1.1.
+pub const MOEPLUG_SWIZZLE_SCALE_ARGS_SIZE_V1_1: u32 = 40;
+/// `sizeof(moeplug_quantize_mx_args)` in ABI 1.1.
+pub const MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_1: u32 = 56;
 
 /// DLPack `DLDevice`.
 #[repr(C)]
@@ -94,7 +111,8 @@ impl moeplug_tensor {
 
 /// The layout record: what preparation produced and what the launch checks. Plain data, safe
 /// to store next to cached weights. Written by `moeplug_prepare_moe`; engines that prepare
-/// with the primitives fill it themselves. Pads are derived from the sizes.
+/// with the primitives assemble it from their fragments (`moeplug_layout_from_fragments`,
+/// 1.1) or fill it themselves. Pads are derived from the sizes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct moeplug_layout {
@@ -127,10 +145,43 @@ pub struct moeplug_layout {
     pub act_dtype: i32,
     /// Reserved: written as zero; must be zero when read.
     pub reserved1: u32,
-    /// 1.1: what preparation produced, sealed by `moeplug_prepare_moe` (docs/abi.md
-    /// "Layout fingerprint"); the launch refuses a record that contradicts it with
-    /// LAYOUT_MISMATCH naming the field. 0 = none (a record filled by hand; 1.0 behaviour).
+    /// 1.1: what preparation produced, sealed by `moeplug_prepare_moe` or
+    /// `moeplug_layout_from_fragments` (docs/abi.md §8); the launch refuses a record that
+    /// contradicts it with LAYOUT_MISMATCH naming the field. 0 = none (a record filled by
+    /// hand; 1.0 behaviour).
     pub prep_fingerprint: u64,
+}
+
+/// 1.1: what one preparation call established about the bytes it wrote (docs/abi.md §8,
+/// "Layout fragments"). A primitive writes it through its `out_fragment`;
+/// `moeplug_layout_from_fragments` assembles a sealed record from those of every call that
+/// produced the weights. Every field is 0 where the call established nothing; a caller may
+/// fill one itself for what no primitive can know (an fp8 weight format, biases, the
+/// activation dtype, sizes it did not pad).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_layout_fragment {
+    pub struct_size: u32,
+    /// A `moeplug_weight_format` value, 0 = not established.
+    pub weight_format: i32,
+    /// A `moeplug_gate_mode` value: the row order of `w13`.
+    pub gate_mode: i32,
+    /// A `moeplug_weight_layout` value.
+    pub weight_layout: i32,
+    /// A `moeplug_scale_layout` value.
+    pub scale_layout: i32,
+    /// A `moeplug_act_dtype` value the weights were prepared for.
+    pub act_dtype: i32,
+    /// As in `moeplug_layout`; 0 = not established.
+    pub num_experts: i64,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub hidden_padded: i64,
+    pub intermediate_padded: i64,
+    /// A `moeplug_fragment_bias` value.
+    pub has_bias: i32,
+    /// Reserved: written as zero; must be zero when read.
+    pub reserved0: u32,
 }
 
 /// What a device can do. The caller sets `struct_size`; the library fills the rest.
@@ -183,6 +234,9 @@ pub struct moeplug_shuffle_weight_args {
     pub gate_up: i32,
     /// If > 0, K is zero-padded to a multiple of this first; `dst` has the padded K.
     pub pad_k_to: i64,
+    /// 1.1: where to write what this call established (NULL = nowhere; the caller sets
+    /// `struct_size`). Written on success only.
+    pub out_fragment: *mut moeplug_layout_fragment,
 }
 
 /// AITER `shuffle_scale` / `e8m0_shuffle`: `src` `[m, n]` e8m0 (or fp32: copied through).
@@ -196,6 +250,9 @@ pub struct moeplug_shuffle_scale_args {
     pub num_experts: i32,
     pub is_guinterleave: i32,
     pub gate_up: i32,
+    /// 1.1: where to write what this call established (NULL = nowhere; the caller sets
+    /// `struct_size`). Written on success only.
+    pub out_fragment: *mut moeplug_layout_fragment,
 }
 
 /// Zero padding `[E, N, K]` -> `[E, N', K']` (shapes from `src`/`dst`); also `[E, N]` biases.
@@ -209,6 +266,9 @@ pub struct moeplug_pad_weights_args {
     pub gate_up: i32,
     /// Value of the padding, converted to the element type (0 -> zero bytes).
     pub fill: f64,
+    /// 1.1: where to write what this call established (NULL = nowhere; the caller sets
+    /// `struct_size`). Written on success only.
+    pub out_fragment: *mut moeplug_layout_fragment,
 }
 
 /// `[E, N, K/32]` e8m0 -> a swizzled scale layout.
@@ -220,6 +280,9 @@ pub struct moeplug_swizzle_scale_args {
     pub dst: *const moeplug_tensor,
     /// A `moeplug_scale_layout` value (0 -> CDNA4_SWIZZLE).
     pub layout: i32,
+    /// 1.1: where to write what this call established (NULL = nowhere; the caller sets
+    /// `struct_size`). Written on success only.
+    pub out_fragment: *mut moeplug_layout_fragment,
 }
 
 /// bf16/fp32 `[..., K]` -> MXFP4 (uint8/fp4 `[..., K/2]`) or MXFP8 (e4m3fn / e4m3fnuz, by the
@@ -238,6 +301,9 @@ pub struct moeplug_quantize_mx_args {
     pub round_mode: i32,
     /// Non-zero: write the scales in AITER's e8m0_shuffle layout.
     pub shuffle_scale: i32,
+    /// 1.1: where to write what this call established (NULL = nowhere; the caller sets
+    /// `struct_size`). Written on success only.
+    pub out_fragment: *mut moeplug_layout_fragment,
 }
 
 /// Inputs and target of `moeplug_prepare_moe`. Checkpoint tensors are plain row-major:

@@ -17,6 +17,10 @@ TOL = 1e-2
 # vs CPU: 16-bit activations differ by f32 summation order only; quantized ones quantize
 # identically (a rare one-code flip from the order of an f32 sum is within this).
 TOL_CPU = 1e-2
+# fp8 activations on the fp8 wgmma: its products are summed with ~14 bits per 128-column step
+# (as in DeepGEMM), so a stage-1 output rounds differently often enough to move a per-token
+# scale and with it a row of stage-2 codes; still well inside the quantization error itself.
+TOL_CPU_FP8 = 2e-2
 # vs the unquantized float64 reference: a sanity bound on the quantization error itself.
 TOL_QUANT = dict(fp8_per_token=0.1, fp8_per_tensor=0.15, fp8_block128=0.1, mxfp8=0.1, mxfp4=0.4)
 
@@ -117,8 +121,9 @@ def assert_close(out, ref, n_local=None, st=None):
         assert torch.equal(cpu[n:], torch.zeros_like(cpu[n:]))
         if n:
             errs["cpu"] = rel_l2(out[:n, :H].cpu(), cpu[:n, :H])
-            assert errs["cpu"] <= TOL_CPU, (
-                f"vs CPU backend: rel L2 {errs['cpu']:.3e} > {TOL_CPU} "
+            tol_cpu = TOL_CPU_FP8 if act.startswith("fp8") else TOL_CPU
+            assert errs["cpu"] <= tol_cpu, (
+                f"vs CPU backend: rel L2 {errs['cpu']:.3e} > {tol_cpu} "
                 f"(CPU vs float64: {rel_l2(cpu[:n, :H].double(), ref[:n].cpu().double()):.3e})")
     return errs
 
@@ -379,13 +384,13 @@ def test_caps():
     assert c.gate_modes == _abi.bit_mask(_abi.GATE_MODE)
     assert c.activations == _abi.bit_mask(_abi.ACTIVATION)
     assert c.weight_layouts == _abi.bit_mask(_abi.WEIGHT_LAYOUT)
-    # BIAS, EXPERT_MASK, NUM_LOCAL_TOKENS, RWOI, GRAPH_CAPTURE, DEVICE_PREP
-    assert c.features == 0b111111
+    # BIAS, EXPERT_MASK, NUM_LOCAL_TOKENS, RWOI, GRAPH_CAPTURE, DEVICE_PREP, DETERMINISTIC
+    assert c.features == 0b1111111
     cpu = _abi.get_caps(1, 0)
     for f in ["weight_formats", "act_dtypes", "gate_modes", "activations", "weight_layouts",
               "scale_layouts"]:
         assert getattr(c, f) == getattr(cpu, f), f
-    assert c.features == cpu.features | (1 << 4) | (1 << 5)
+    assert c.features == cpu.features | (1 << 4) | (1 << 5)  # CPU: DETERMINISTIC, no GPU bits
 
 
 @pytest.mark.parametrize("fmt,act_dtype", [("mxfp4", "bf16"), ("fp8_per_tensor", "fp8_per_tensor"),

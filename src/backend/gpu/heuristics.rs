@@ -20,16 +20,20 @@ use crate::types::{ActDtype, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 pub const STREAM_MAX_PAIRS_PER_EXPERT: [usize; 2] = [32, 16];
 
 /// Average pairs per local expert from which the wgmma family runs (where it covers the
-/// configuration): its 128-row tiles waste less than half a tile per expert from here.
-pub const WGMMA_MIN_PAIRS_PER_EXPERT: usize = 64;
+/// configuration; ahead of the stream family). Measured on the H200 (bench/NOTES.md): at 32
+/// pairs DeepSeek-V3 fp8 takes 5.6 ms on wgmma against 9.3 on stream and gpt-oss bf16 3.1
+/// against 3.5 on tile32; at 16 pairs stream is 1.3-1.6x faster.
+pub const WGMMA_MIN_PAIRS_PER_EXPERT: usize = 32;
 
-/// Average pairs per local expert below which the wgmma family takes 64-row tiles.
-pub const WGMMA_BM64_BELOW_PAIRS_PER_EXPERT: usize = 192;
-
-/// `MOEPLUG_WGMMA_N=128|256`, `MOEPLUG_WGMMA_BM=64|128`: diagnostic overrides of the wgmma
-/// family's block shape (benchmarks).
+/// `MOEPLUG_WGMMA_N=128|256`, `MOEPLUG_WGMMA_BM=64|128`, `MOEPLUG_WGMMA_BLOCKS=1|2`:
+/// diagnostic overrides of the wgmma family's block shape and blocks per SM (benchmarks). The
+/// defaults (128 x 128, one block) measured fastest on the H200 at M = 1024 and 4096
+/// (bench/NOTES.md: 64-row tiles 4-40 % slower, 256 weight rows 0-4 % faster on Qwen3 bf16
+/// only).
 static WGMMA_N_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_N"));
 static WGMMA_BM_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_BM"));
+static WGMMA_BLOCKS_PREFERENCE: Lazy<Option<u32>> =
+    Lazy::new(|| env_choice("MOEPLUG_WGMMA_BLOCKS"));
 
 fn env_choice(name: &str) -> Option<u32> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
@@ -150,8 +154,19 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
     if !format_ok {
         return Some("format / activation dtype pairing not covered");
     }
-    if !matches!(spec.wgmma_bm, 64 | 128) || !matches!(spec.wgmma_n, 128 | 256) {
-        return Some("64 or 128 rows per tile, 128 or 256 weight rows per warpgroup");
+    if !matches!(spec.wgmma_bm, 64 | 128)
+        || !matches!(spec.wgmma_n, 128 | 256)
+        || !matches!(spec.wgmma_blocks, 1 | 2)
+    {
+        return Some(
+            "64 or 128 rows per tile, 128 or 256 weight rows per warpgroup, 1 or 2 blocks",
+        );
+    }
+    // Two blocks per SM halve the registers and the ring: 16-bit 128 x 128 blocks only.
+    if spec.wgmma_blocks == 2
+        && (spec.act_dtype.is_quantized() || spec.wgmma_n != 128 || spec.wgmma_bm != 128)
+    {
+        return Some("two blocks per SM only for 16-bit operands on 128 x 128 blocks");
     }
     // fp8 partial sums (two-level accumulation) need the registers of a second accumulator;
     // 64-row tiles already give each warpgroup its own weight rows.
@@ -235,14 +250,10 @@ pub fn spec_for(
         }
     }
     if family == Family::Wgmma {
-        let pairs_per_expert =
-            (shape.m * shape.topk).div_ceil(launch.config.layout.num_experts.max(1));
-        if pairs_per_expert < WGMMA_BM64_BELOW_PAIRS_PER_EXPERT {
-            spec.wgmma_bm = 64;
-        }
         let mut tuned = spec.clone();
         tuned.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(tuned.wgmma_n);
         tuned.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(tuned.wgmma_bm);
+        tuned.wgmma_blocks = WGMMA_BLOCKS_PREFERENCE.unwrap_or(tuned.wgmma_blocks);
         if wgmma_spec_unsupported(90, &tuned).is_none() {
             spec = tuned;
         }
@@ -318,10 +329,10 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
         launch.config.layout.weight_format,
         WeightFormat::Bf16 | WeightFormat::Fp16
     );
-    if stream_ok && pairs_per_expert <= STREAM_MAX_PAIRS_PER_EXPERT[sixteen_bit as usize] {
-        Family::Stream
-    } else if wgmma_ok && pairs_per_expert >= WGMMA_MIN_PAIRS_PER_EXPERT {
+    if wgmma_ok && pairs_per_expert >= WGMMA_MIN_PAIRS_PER_EXPERT {
         Family::Wgmma
+    } else if stream_ok && pairs_per_expert <= STREAM_MAX_PAIRS_PER_EXPERT[sixteen_bit as usize] {
+        Family::Stream
     } else {
         Family::Tile32
     }

@@ -200,6 +200,7 @@ mod tests {
         for f in Family::ALL {
             match f {
                 Family::Fp32 => assert_eq!(hip_exclusion(f), None),
+                Family::Wgmma => assert!(hip_exclusion(f).unwrap().contains("wgmma"), "{f:?}"),
                 _ => assert!(hip_exclusion(f).unwrap().contains("mma.sync"), "{f:?}"),
             }
         }

@@ -457,6 +457,11 @@ pub fn vendor_caps(vendor: Vendor, arch: &str, runtime_version: &str) -> Caps {
     );
     // Device tensors in every prep call (gpu::prep, tests/gpu/test_prep_device.py).
     caps.features |= feature::GRAPH_CAPTURE | feature::DEVICE_PREP;
+    // Proven on the H200 for every format and family (tests/gpu/test_fused_moe.py
+    // test_deterministic, docs/determinism.md); no HIP run yet.
+    if vendor == Vendor::Cuda {
+        caps.features |= feature::DETERMINISTIC;
+    }
     caps
 }
 
@@ -672,6 +677,7 @@ fn default_spec() -> spec::KernelSpec {
         split_k: [8, 8],
         wgmma_n: 128,
         wgmma_bm: 128,
+        wgmma_blocks: 1,
     }
 }
 
@@ -748,11 +754,12 @@ mod tests {
         assert_eq!(caps.runtime_version, "HIP 6.4 / hipRTC 6.4");
         assert_eq!(gpu_caps("sm_90", "x").backend, Some(BackendKind::Cuda));
         assert_eq!(Vendor::Hip.backend_kind().label(), "hip");
-        // Same masks on both vendors: one set of kernels.
+        // Same masks on both vendors: one set of kernels; determinism proven on CUDA only.
         let cuda = gpu_caps("gfx942", "HIP 6.4 / hipRTC 6.4");
         assert_eq!(
             Caps {
                 backend: cuda.backend,
+                features: caps.features | feature::DETERMINISTIC,
                 ..caps
             },
             cuda

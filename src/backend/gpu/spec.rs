@@ -112,6 +112,8 @@ pub struct KernelSpec {
     /// tile (`BM`, 64 or 128). Unused by the others.
     pub wgmma_n: u32,
     pub wgmma_bm: u32,
+    /// Wgmma family: blocks resident per SM (`WG_MIN_BLOCKS`, 1 or 2): the ring shrinks to fit.
+    pub wgmma_blocks: u32,
 }
 
 impl KernelSpec {
@@ -136,6 +138,7 @@ impl KernelSpec {
             split_k: [8, 8],
             wgmma_n: 128,
             wgmma_bm: 128,
+            wgmma_blocks: 1,
         }
     }
 
@@ -158,11 +161,12 @@ impl KernelSpec {
         }
     }
 
-    /// Wgmma family: stages of its cp.async ring, as many as 227 KiB of shared memory holds
-    /// (at most 5).
+    /// Wgmma family: stages of its cp.async ring, as many as the SM's 227 KiB of shared
+    /// memory holds for `wgmma_blocks` blocks (at most 5).
     fn wgmma_stages(&self) -> usize {
         let stage = (self.wgmma_bm as usize + self.wgmma_block_rows()) * 128;
-        ((227 * 1024 - 1024) / stage).min(5)
+        let per_block = 227 * 1024 / self.wgmma_blocks.max(1) as usize - 1024;
+        (per_block / stage).min(5)
     }
 
     /// Dynamic shared memory of each GEMM block: the wgmma family's ring (per stage the tile's
@@ -233,6 +237,7 @@ impl KernelSpec {
             d.push(format!("WG_N={}", self.wgmma_n));
             d.push(format!("WG_STAGES={}", self.wgmma_stages()));
             d.push(format!("WG_SMEM_BYTES={}", self.dynamic_shared_bytes()));
+            d.push(format!("WG_MIN_BLOCKS={}", self.wgmma_blocks));
         }
         d
     }
@@ -318,7 +323,7 @@ mod tests {
         for f in Family::ALL {
             assert_eq!(Family::from_name(f.name()), Some(f));
         }
-        assert_eq!(Family::from_name("wgmma"), None);
+        assert_eq!(Family::from_name("mfma"), None);
     }
 
     #[test]
