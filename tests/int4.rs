@@ -3,6 +3,8 @@
 //! `prepare_moe` from int8-held and from packed checkpoints against the test's own composition
 //! of AITER's functions, what the caps claim, and the refusals with their exact messages.
 
+mod common;
+
 use moeplug::backend;
 use moeplug::error::Status;
 use moeplug::prep::int4;
@@ -356,4 +358,75 @@ fn caps_claim_int4() {
     let cuda = backend::gpu::gpu_caps("sm_90", "13.0");
     assert_eq!(cuda.weight_formats, cpu.weight_formats);
     assert_eq!(cuda.scale_layouts, cpu.scale_layouts);
+}
+
+/// moeplug_check_fused_moe on the CPU answers for INT4_GROUP32 records exactly: the accepted
+/// pairings pass, the rest name their rule.
+#[test]
+fn check_fused_moe_answers_for_int4_records() {
+    use common::layout;
+    use moeplug::capi::types::{moeplug_fused_moe_args, moeplug_layout};
+    use moeplug::capi::{moeplug_check_fused_moe, moeplug_last_error};
+    let check = |l: &moeplug_layout, act_dtype: i32| {
+        let mut a: moeplug_fused_moe_args = unsafe { std::mem::zeroed() };
+        a.struct_size = std::mem::size_of::<moeplug_fused_moe_args>() as u32;
+        a.layout = l;
+        a.act_dtype = act_dtype;
+        let st = unsafe { moeplug_check_fused_moe(1, 0, &a) } as i32;
+        let msg = unsafe { std::ffi::CStr::from_ptr(moeplug_last_error()) };
+        (st, msg.to_string_lossy().into_owned())
+    };
+    let (int4, aiter_int4) = (8, 4);
+    // Kimi-K2-like sizes: H 7168, I 2048, both layouts, both 16-bit act dtypes.
+    for (wl, sl) in [(2, aiter_int4), (1, 1), (2, 1), (1, aiter_int4)] {
+        let l = layout(int4, 1, wl, sl, 8, [7168, 2048, 7168, 2048], false);
+        for act in [0, 1, 2] {
+            assert_eq!(
+                check(&l, act),
+                (0, String::new()),
+                "wl {wl} sl {sl} act {act}"
+            );
+        }
+    }
+    let l = layout(int4, 1, 2, aiter_int4, 8, [7168, 2048, 7168, 2048], false);
+    assert_eq!(
+        check(&l, 3),
+        (
+            2,
+            "moeplug_check_fused_moe: act_dtype fp8_per_token is not defined for weight_format \
+             int4_group32 (allowed: bf16, fp16)"
+                .into()
+        )
+    );
+    let l = layout(int4, 1, 1, aiter_int4, 8, [96, 64, 96, 64], false);
+    assert_eq!(
+        check(&l, 0),
+        (
+            3,
+            "moeplug_check_fused_moe: layout.hidden_padded: expected a multiple of 64 (scale_layout \
+             aiter_int4 pairs adjacent 32-value scale groups), got 96"
+                .into()
+        )
+    );
+    let l = layout(int4, 1, 1, 1, 8, [80, 64, 80, 64], false);
+    assert_eq!(
+        check(&l, 0),
+        (
+            3,
+            "moeplug_check_fused_moe: layout.hidden_padded: expected a multiple of 32 \
+             (weight_format int4_group32 has 1x32 scale groups), got 80"
+                .into()
+        )
+    );
+    // aiter_int4 names int4 scales only; an MX record with it is refused as a record.
+    let l = layout(6, 1, 2, aiter_int4, 8, [256, 256, 256, 256], false);
+    assert_eq!(
+        check(&l, 0),
+        (
+            1,
+            "moeplug_check_fused_moe: layout.scale_layout: aiter_int4 is not a scale layout of \
+             weight_format mxfp4 (valid: 1 plain, 2 aiter_e8m0, 3 cdna4_swizzle)"
+                .into()
+        )
+    );
 }
