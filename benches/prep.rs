@@ -115,6 +115,7 @@ fn main() {
         w2_scale: Some(vec![e, h, i / 32]),
         w13_bias: Some(vec![e, 2 * i]),
         w2_bias: Some(vec![e, h]),
+        int4_unpacked: false,
     };
     let shapes = plan(&spec).unwrap();
     let w13_len = e * 2 * i * h / 2;

@@ -320,6 +320,12 @@ enum moeplug_weight_format
    * fp8 (e4m3fn or e4m3fnuz) with e8m0 scales per 1x32 along K.
    */
   MOEPLUG_WEIGHT_FORMAT_MXFP8 = 7,
+  /**
+   * Signed int4 (-8..7) packed two per byte in AITER's order (`pack_int8_to_packed_int4`:
+   * values v0..v7 -> bytes (v4<<4)|v0 .. (v7<<4)|v3), with bf16 scales per 1x32 group
+   * along K (Kimi-K2 a16wi4). ABI 1.1.
+   */
+  MOEPLUG_WEIGHT_FORMAT_INT4_GROUP32 = 8,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -332,7 +338,7 @@ typedef int32_t moeplug_weight_format;
 /**
  * Activation dtype the GEMMs consume (AITER's quant_dtype_a). DEFAULT is fixed per weight
  * format: BF16/FP16 weights -> the input's; FP8_BLOCK128 -> FP8_BLOCK128; other FP8 ->
- * FP8_PER_TOKEN; MXFP4 -> BF16 (a16w4); MXFP8 -> MXFP8. Never chosen from M or environment.
+ * FP8_PER_TOKEN; MXFP4 -> BF16 (a16w4); MXFP8 -> MXFP8; INT4_GROUP32 -> BF16 (a16wi4). Never chosen from M or environment.
  */
 enum moeplug_act_dtype
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
@@ -433,7 +439,8 @@ enum moeplug_weight_layout
    */
   MOEPLUG_WEIGHT_LAYOUT_PLAIN = 1,
   /**
-   * AITER `shuffle_weight` layout (16, 16).
+   * AITER `shuffle_weight` layout (16, 16). INT4_GROUP32: `shuffle_weight` (16, 16) of the
+   * int8-held values, then `pack_int8_to_packed_int4` (AITER's a16wi4 weights).
    */
   MOEPLUG_WEIGHT_LAYOUT_AITER_16X16 = 2,
 };
@@ -455,7 +462,7 @@ enum moeplug_scale_layout
  {
   MOEPLUG_SCALE_LAYOUT_DEFAULT = 0,
   /**
-   * Row-major `[E*N, K/32]`.
+   * Row-major `[E*N, K/32]` (INT4_GROUP32: bf16 `[E, N, K/32]`).
    */
   MOEPLUG_SCALE_LAYOUT_PLAIN = 1,
   /**
@@ -466,6 +473,11 @@ enum moeplug_scale_layout
    * triton_kernels CDNA4 MX scale layout.
    */
   MOEPLUG_SCALE_LAYOUT_CDNA4_SWIZZLE = 3,
+  /**
+   * AITER `shuffle_scale_for_int4` (INT4_GROUP32): bf16 `[E, K/64, N, 2]`, the scales of
+   * two adjacent groups of one row side by side. ABI 1.1.
+   */
+  MOEPLUG_SCALE_LAYOUT_AITER_INT4 = 4,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

@@ -88,6 +88,18 @@ __device__ __forceinline__ i64 mx_scale_offset(int e, int n, int N, int kb, int 
 #endif
 }
 
+// bf16 group scale of INT4_GROUP32 weight (e, n, k) of an [E, N, K] matrix: plain [E, N, K/32]
+// or AITER's shuffle_scale_for_int4 [E, K/64, N, 2] (two adjacent groups side by side).
+__device__ __forceinline__ float int4_scale(const u8* S, int e, int n, int N, int k, int K) {
+  int g = k >> 5, groups = K >> 5;
+#if SLAYOUT == SL_AITER_INT4
+  i64 at = (((i64)e * (groups >> 1) + (g >> 1)) * N + n) * 2 + (g & 1);
+#else
+  i64 at = ((i64)e * N + n) * groups + g;
+#endif
+  return mp_bf16_to_f32(((const u16*)S)[at]);
+}
+
 // e8m0 scale of (expert e, row n, column k) of an [E, N, K] matrix.
 __device__ __forceinline__ float mx_scale(const u8* S, int e, int n, int N, int k, int K) {
   return mp_e8m0_to_f32(S[mx_scale_offset(e, n, N, k >> 5, K >> 5)]);
@@ -124,6 +136,15 @@ __device__ __forceinline__ float load_w(const u8* W, const u8* S, int e, int n, 
   u32 b = w[w_offset(n, k >> 1, kbytes, 16)];
   float v = mp_e2m1_to_f32((k & 1) ? (b >> 4) : b);
   return v * mx_scale(S, e, n, N, k, K);
+#elif WFMT == WF_INT4_GROUP32
+  // AITER's pack: value k is in byte (k/8)*4 + k%4 of its row, the high nibble when k%8 >= 4;
+  // AITER_16x16 is F1 over those bytes with 8-byte packs (pack_int8_to_packed_int4 of F1).
+  int kbytes = K >> 1;
+  float s = int4_scale(S, e, n, N, k, K);
+  u32 b = W[(i64)e * N * kbytes + w_offset(n, ((k >> 3) << 2) + (k & 3), kbytes, 8)];
+  // The nibble to the top of an int, then an arithmetic shift: its signed value.
+  int v = (int)(b << (28 - (k & 4))) >> 28;
+  return (float)v * s;
 #else
 #error "unknown WFMT"
 #endif
@@ -140,6 +161,8 @@ __device__ __forceinline__ float w_scale(const u8* S, int e, int R, int k, int N
   return ((const float*)S)[((i64)e * nb + (R >> 7)) * kb + (k >> 7)];
 #elif WFMT == WF_MXFP4 || WFMT == WF_MXFP8
   return mx_scale(S, e, R, Nst, k, Kst);
+#elif WFMT == WF_INT4_GROUP32
+  return int4_scale(S, e, R, Nst, k, Kst);
 #else
   return 1.0f;
 #endif

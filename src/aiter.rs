@@ -125,7 +125,8 @@ fn quant_type(format: WeightFormat) -> &'static str {
         WeightFormat::Fp8PerTensor => "per_Tensor",
         WeightFormat::Fp8PerChannel => "per_Token",
         WeightFormat::Fp8Block128 => "per_1x128",
-        WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => "per_1x32",
+        // a16wi4: AITER's per_1x32 with i4x2 weights.
+        WeightFormat::Mxfp4 | WeightFormat::Mxfp8 | WeightFormat::Int4Group32 => "per_1x32",
     }
 }
 

@@ -47,8 +47,22 @@ impl Layout {
         let weight_format = WeightFormat::from_raw("layout.weight_format", weight_format)?;
         let gate_mode = GateMode::from_raw("layout.gate_mode", gate_mode)?;
         let weight_layout = WeightLayout::from_raw("layout.weight_layout", weight_layout)?;
-        let scale_layout = if weight_format.is_mx() {
-            Some(ScaleLayout::from_raw("layout.scale_layout", scale_layout)?)
+        let allowed = weight_format.scale_layouts();
+        let scale_layout = if !allowed.is_empty() {
+            let s = ScaleLayout::from_raw("layout.scale_layout", scale_layout)?;
+            if !allowed.contains(&s) {
+                return Err(Error::invalid(format!(
+                    "layout.scale_layout: {} is not a scale layout of weight_format {} (valid: {})",
+                    s.label(),
+                    weight_format.label(),
+                    allowed
+                        .iter()
+                        .map(|v| format!("{} {}", *v as i32, v.label()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            Some(s)
         } else if scale_layout != 0 {
             return Err(Error::invalid(format!(
                 "layout.scale_layout: expected 0 for weight_format {} (no e8m0 block scales), got {scale_layout}",
@@ -172,11 +186,12 @@ impl Fragment {
 /// | 0–3   | weight_format (0 = not produced) |
 /// | 4–5   | gate_mode |
 /// | 6–7   | weight_layout |
-/// | 8–9   | scale_layout |
+/// | 8–9   | scale_layout, low 2 bits (bit 2 at bit 56) |
 /// | 10–13 | act_dtype |
 /// | 14–15 | has_bias (a `moeplug_fragment_bias` code: 0 = not produced, 1 = no, 2 = yes) |
 /// | 16–55 | 8-bit digests of num_experts, hidden_size, intermediate_size, hidden_padded, intermediate_padded (0 = not produced) |
-/// | 56–59 | zero |
+/// | 56    | scale_layout bit 2 (AITER_INT4 = 4; zero for the 1.0 values) |
+/// | 57–59 | zero |
 /// | 60–63 | encoding version, 1 |
 ///
 /// A whole value of zero is "no fingerprint" (a 1.0 record, or one filled by hand).
@@ -204,7 +219,8 @@ pub mod fingerprint {
         let mut x = e(f.weight_format.map(|v| v as i32))
             | e(f.gate_mode.map(|v| v as i32)) << 4
             | e(f.weight_layout.map(|v| v as i32)) << 6
-            | e(f.scale_layout.map(|v| v as i32)) << 8
+            | (e(f.scale_layout.map(|v| v as i32)) & 3) << 8
+            | (e(f.scale_layout.map(|v| v as i32)) >> 2) << 56
             | e(f.act_dtype.map(|v| v as i32)) << 10
             | (super::bias_code(f.has_bias) as u64) << 14;
         for (i, s) in f.sizes().iter().enumerate() {
@@ -229,7 +245,7 @@ pub mod fingerprint {
         if x >> 60 != VERSION {
             return Err(bad("unknown encoding version"));
         }
-        if (x >> 56) & 0xF != 0 {
+        if (x >> 57) & 0x7 != 0 {
             return Err(bad("reserved bits set"));
         }
         let field = |shift: u32, bits: u32| ((x >> shift) & ((1 << bits) - 1)) as i32;
@@ -245,7 +261,9 @@ pub mod fingerprint {
             weight_format: opt(field(0, 4), |r| WeightFormat::from_raw(name, r))?,
             gate_mode: opt(field(4, 2), |r| GateMode::from_raw(name, r))?,
             weight_layout: opt(field(6, 2), |r| WeightLayout::from_raw(name, r))?,
-            scale_layout: opt(field(8, 2), |r| ScaleLayout::from_raw(name, r))?,
+            scale_layout: opt(field(8, 2) | field(56, 1) << 2, |r| {
+                ScaleLayout::from_raw(name, r)
+            })?,
             act_dtype: opt(field(10, 4), |r| ActDtype::from_raw(name, r))?,
             has_bias: super::bias_of_code(field(14, 2)).ok_or_else(|| bad("has_bias code 3"))?,
             ..Fragment::default()

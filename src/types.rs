@@ -68,6 +68,7 @@ abi_enum!(
         Fp8Block128 = Fp8Block128 => "fp8_block128",
         Mxfp4 = Mxfp4 => "mxfp4",
         Mxfp8 = Mxfp8 => "mxfp8",
+        Int4Group32 = Int4Group32 => "int4_group32",
     }
 );
 
@@ -117,6 +118,7 @@ abi_enum!(
         Plain = Plain => "plain",
         AiterE8m0 = AiterE8m0 => "aiter_e8m0",
         Cdna4Swizzle = Cdna4Swizzle => "cdna4_swizzle",
+        AiterInt4 = AiterInt4 => "aiter_int4",
     }
 );
 
@@ -199,7 +201,7 @@ impl ActDtype {
             }
             WeightFormat::Fp8Block128 => ActDtype::Fp8Block128,
             WeightFormat::Fp8PerTensor | WeightFormat::Fp8PerChannel => ActDtype::Fp8PerToken,
-            WeightFormat::Mxfp4 => ActDtype::Bf16,
+            WeightFormat::Mxfp4 | WeightFormat::Int4Group32 => ActDtype::Bf16,
             WeightFormat::Mxfp8 => ActDtype::Mxfp8,
         }
     }
@@ -213,6 +215,20 @@ impl ActDtype {
 impl WeightFormat {
     pub fn is_mx(self) -> bool {
         matches!(self, WeightFormat::Mxfp4 | WeightFormat::Mxfp8)
+    }
+    /// The scale layouts a record of this format may name; empty when the format has no
+    /// per-group scales (its record's scale_layout is 0).
+    pub fn scale_layouts(self) -> &'static [ScaleLayout] {
+        use ScaleLayout as S;
+        match self {
+            WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => &[S::Plain, S::AiterE8m0, S::Cdna4Swizzle],
+            WeightFormat::Int4Group32 => &[S::Plain, S::AiterInt4],
+            _ => &[],
+        }
+    }
+    /// Weights packed two values per byte along K (MXFP4, INT4_GROUP32).
+    pub fn is_packed(self) -> bool {
+        matches!(self, WeightFormat::Mxfp4 | WeightFormat::Int4Group32)
     }
     pub fn is_fp8(self) -> bool {
         matches!(
@@ -231,6 +247,8 @@ impl WeightFormat {
             WeightFormat::Fp8Block128 => &[A::Bf16, A::Fp16, A::Fp8Block128],
             WeightFormat::Mxfp4 => &[A::Bf16, A::Fp16, A::Mxfp4, A::Mxfp8],
             WeightFormat::Mxfp8 => &[A::Bf16, A::Fp16, A::Mxfp8],
+            // a16wi4: the GEMMs read 16-bit activations (AITER has no quantized variant).
+            WeightFormat::Int4Group32 => &[A::Bf16, A::Fp16],
         }
     }
     /// Default padding alignment of hidden/intermediate sizes for `prepare_moe`

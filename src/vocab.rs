@@ -73,11 +73,15 @@ pub enum moeplug_weight_format {
     Mxfp4 = 6,
     /// fp8 (e4m3fn or e4m3fnuz) with e8m0 scales per 1x32 along K.
     Mxfp8 = 7,
+    /// Signed int4 (-8..7) packed two per byte in AITER's order (`pack_int8_to_packed_int4`:
+    /// values v0..v7 -> bytes (v4<<4)|v0 .. (v7<<4)|v3), with bf16 scales per 1x32 group
+    /// along K (Kimi-K2 a16wi4). ABI 1.1.
+    Int4Group32 = 8,
 }
 
 /// Activation dtype the GEMMs consume (AITER's quant_dtype_a). DEFAULT is fixed per weight
 /// format: BF16/FP16 weights -> the input's; FP8_BLOCK128 -> FP8_BLOCK128; other FP8 ->
-/// FP8_PER_TOKEN; MXFP4 -> BF16 (a16w4); MXFP8 -> MXFP8. Never chosen from M or environment.
+/// FP8_PER_TOKEN; MXFP4 -> BF16 (a16w4); MXFP8 -> MXFP8; INT4_GROUP32 -> BF16 (a16wi4). Never chosen from M or environment.
 #[repr(i32)]
 #[derive(Debug, Clone, Copy)]
 pub enum moeplug_act_dtype {
@@ -125,7 +129,8 @@ pub enum moeplug_weight_layout {
     Default = 0,
     /// Row-major `[E, N, K]`.
     Plain = 1,
-    /// AITER `shuffle_weight` layout (16, 16).
+    /// AITER `shuffle_weight` layout (16, 16). INT4_GROUP32: `shuffle_weight` (16, 16) of the
+    /// int8-held values, then `pack_int8_to_packed_int4` (AITER's a16wi4 weights).
     Aiter_16x16 = 2,
 }
 
@@ -134,12 +139,15 @@ pub enum moeplug_weight_layout {
 #[derive(Debug, Clone, Copy)]
 pub enum moeplug_scale_layout {
     Default = 0,
-    /// Row-major `[E*N, K/32]`.
+    /// Row-major `[E*N, K/32]` (INT4_GROUP32: bf16 `[E, N, K/32]`).
     Plain = 1,
     /// AITER `e8m0_shuffle` / `shuffle_scale` (32x8 blocks).
     AiterE8m0 = 2,
     /// triton_kernels CDNA4 MX scale layout.
     Cdna4Swizzle = 3,
+    /// AITER `shuffle_scale_for_int4` (INT4_GROUP32): bf16 `[E, K/64, N, 2]`, the scales of
+    /// two adjacent groups of one row side by side. ABI 1.1.
+    AiterInt4 = 4,
 }
 
 /// Backend family in `moeplug_caps.backend`.

@@ -324,12 +324,12 @@ fn caps_report_what_the_tests_prove() {
     let mut c: moeplug_caps = unsafe { std::mem::zeroed() };
     c.struct_size = std::mem::size_of::<moeplug_caps>() as u32;
     assert_eq!(unsafe { moeplug_get_caps(1, 0, &mut c) } as i32, 0);
-    assert_eq!(c.weight_formats, 0b1111_1110); // BF16..MXFP8
+    assert_eq!(c.weight_formats, 0b1_1111_1110); // BF16..MXFP8, INT4_GROUP32 (tests/int4.rs)
     assert_eq!(c.act_dtypes, 0b1111_1110);
     assert_eq!(c.gate_modes, 0b1110);
     assert_eq!(c.activations, 0b1110);
     assert_eq!(c.weight_layouts, 0b110);
-    assert_eq!(c.scale_layouts, 0b1110);
-    // BIAS, EXPERT_MASK, NUM_LOCAL_TOKENS, ROUTER_WEIGHT_ON_INPUT, DETERMINISTIC (tests/determinism.rs)
+    assert_eq!(c.scale_layouts, 0b1_1110); // PLAIN..CDNA4_SWIZZLE, AITER_INT4
+                                           // BIAS, EXPERT_MASK, NUM_LOCAL_TOKENS, ROUTER_WEIGHT_ON_INPUT, DETERMINISTIC (tests/determinism.rs)
     assert_eq!(c.features, 0b100_1111);
 }

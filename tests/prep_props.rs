@@ -259,6 +259,7 @@ fn prepare_inverse_maps_for_every_gate_mode_and_format() {
             w2_scale: has_scale.then(|| ss2.clone()),
             w13_bias: Some(vec![e, 2 * i]),
             w2_bias: Some(vec![e, h]),
+            int4_unpacked: false,
         };
         let (shapes, out) = prepare::prepare_vecs(
             &spec,
@@ -372,6 +373,7 @@ fn prepare_host_checks_its_buffers() {
         w2_scale: Some(vec![e * h, i / 32]),
         w13_bias: None,
         w2_bias: None,
+        int4_unpacked: false,
     };
     let shapes = prepare::plan(&spec).unwrap();
     let (w13, w2) = (vec![1u8; e * 2 * i * h / 2], vec![2u8; e * h * i / 2]);
@@ -448,6 +450,7 @@ fn prepare_fp8_block128_and_per_tensor_scales() {
         w2_scale: Some(vec![e, 2, 1]),
         w13_bias: None,
         w2_bias: None,
+        int4_unpacked: false,
     };
     let (shapes, out) = prepare::prepare_vecs(
         &spec,

@@ -29,13 +29,13 @@ from pathlib import Path
 ABI_MAJOR = 1
 
 # Enum values by the lower-case names the package accepts (0 = "default" where the C enum has it).
-WEIGHT_FORMATS = {"bf16": 1, "fp16": 2, "fp8_per_tensor": 3, "fp8_per_channel": 4, "fp8_block128": 5, "mxfp4": 6, "mxfp8": 7}
+WEIGHT_FORMATS = {"bf16": 1, "fp16": 2, "fp8_per_tensor": 3, "fp8_per_channel": 4, "fp8_block128": 5, "mxfp4": 6, "mxfp8": 7, "int4_group32": 8}  # int4_group32: ABI 1.1
 ACT_DTYPES = {"default": 0, "bf16": 1, "fp16": 2, "fp8_per_token": 3, "fp8_per_tensor": 4, "fp8_block128": 5, "mxfp4": 6, "mxfp8": 7}
 GATE_MODES = {"separated": 1, "interleave": 2, "interleave_rows": 3}
 ACTIVATIONS = {"silu": 1, "gelu": 2, "swiglu_oai": 3}
 WEIGHT_LAYOUTS = {"plain": 1, "aiter_16x16": 2}
 # "cdna4" is an alias the package accepts; the header knows the value as CDNA4_SWIZZLE.
-SCALE_LAYOUTS = {"plain": 1, "aiter_e8m0": 2, "cdna4_swizzle": 3, "cdna4": 3}
+SCALE_LAYOUTS = {"plain": 1, "aiter_e8m0": 2, "cdna4_swizzle": 3, "cdna4": 3, "aiter_int4": 4}  # aiter_int4: ABI 1.1
 # Names the package accepts beside the header's own, by the header name they stand for: a table
 # holding one maps two names to one value, so count its values with `bit_mask`, and skip these
 # names when a value is turned back into a name.

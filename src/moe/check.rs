@@ -30,6 +30,11 @@ pub const F1_PACK_BYTES: usize = 16;
 pub const INTERLEAVE_ROWS: usize = 16;
 /// Elements of one MX scale block.
 pub const MX_BLOCK: usize = 32;
+/// Values of one INT4_GROUP32 scale group along K.
+pub const INT4_GROUP: usize = 32;
+/// Bytes of one F1 pack of INT4_GROUP32 weights: AITER shuffles the int8-held values in
+/// 16-value packs, then packs every 8 values into 4 bytes.
+pub const INT4_F1_PACK_BYTES: usize = 8;
 
 /// What the check learned about a launch, for the kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,21 +61,24 @@ pub fn weight_elems(format: WeightFormat) -> &'static [ElemType] {
         | WeightFormat::Fp8Block128
         | WeightFormat::Mxfp8 => &[T::Fp8E4m3fn, T::Fp8E4m3fnuz, T::U8],
         WeightFormat::Mxfp4 => &[T::Fp4x2, T::U8],
+        // Packed int4 bytes (AITER's pack returns int8; torch has no int4 DLPack dtype).
+        WeightFormat::Int4Group32 => &[T::U8, T::I8],
     }
 }
 
 /// What a weight's bytes hold: uint8 stands for packed fp4 (MXFP4) or fp8 e4m3fn.
 pub fn canonical_weight_elem(format: WeightFormat, elem: ElemType) -> ElemType {
     match (format, elem) {
+        (WeightFormat::Int4Group32, _) => ElemType::U8,
         (WeightFormat::Mxfp4, ElemType::U8) => ElemType::Fp4x2,
         (_, ElemType::U8) => ElemType::Fp8E4m3fn,
         (_, e) => e,
     }
 }
 
-/// Storage elements per logical element along K: 2 values per byte for MXFP4.
-fn values_per_elem(format: WeightFormat) -> usize {
-    if format == WeightFormat::Mxfp4 {
+/// Logical values per storage element along K: 2 per byte for MXFP4 and INT4_GROUP32.
+pub fn values_per_elem(format: WeightFormat) -> usize {
+    if format.is_packed() {
         2
     } else {
         1
@@ -88,6 +96,15 @@ fn elem_size(format: WeightFormat) -> usize {
 pub fn check_record(l: &Layout) -> Result<()> {
     let f = l.weight_format;
     let per = values_per_elem(f);
+    if let Some(s) = l.scale_layout {
+        if !f.scale_layouts().contains(&s) {
+            return Err(Error::mismatch(format!(
+                "layout.scale_layout: {} is not a scale layout of weight_format {}",
+                s.label(),
+                f.label()
+            )));
+        }
+    }
     // (field, value, what divides it, why)
     let mut needs: Vec<(&str, usize, usize, String)> = Vec::new();
     if f.is_mx() {
@@ -103,6 +120,25 @@ pub fn check_record(l: &Layout) -> Result<()> {
             ));
         }
     }
+    if f == WeightFormat::Int4Group32 {
+        // shuffle_scale_for_int4 pairs adjacent groups; 1x32 groups otherwise.
+        let (div, why) = match l.scale_layout {
+            Some(ScaleLayout::AiterInt4) => (
+                2 * INT4_GROUP,
+                "scale_layout aiter_int4 pairs adjacent 32-value scale groups",
+            ),
+            _ => (
+                INT4_GROUP,
+                "weight_format int4_group32 has 1x32 scale groups",
+            ),
+        };
+        for (field, v) in [
+            ("hidden_padded", l.hidden_padded),
+            ("intermediate_padded", l.intermediate_padded),
+        ] {
+            needs.push((field, v, div, why.to_string()));
+        }
+    }
     if l.gate_mode == GateMode::Interleave {
         needs.push((
             "intermediate_padded",
@@ -113,10 +149,17 @@ pub fn check_record(l: &Layout) -> Result<()> {
     }
     if l.weight_layout == WeightLayout::Aiter16x16 {
         let pack = F1_PACK_BYTES / elem_size(f) * per;
-        let why = format!(
-            "weight_layout aiter_16x16 reads 16-row tiles of 16-byte packs ({pack} {} values)",
-            f.label()
-        );
+        let why = if f == WeightFormat::Int4Group32 {
+            // F1 of the int8-held values: 16-value packs, tiles 32 values wide (AITER's BK).
+            "weight_layout aiter_16x16 of int4_group32 shuffles the int8-held values in 16-row \
+             tiles 32 values wide"
+                .to_string()
+        } else {
+            format!(
+                "weight_layout aiter_16x16 reads 16-row tiles of 16-byte packs ({pack} {} values)",
+                f.label()
+            )
+        };
         needs.push((
             "hidden_padded",
             l.hidden_padded,
@@ -200,7 +243,8 @@ pub fn expected_scale_shapes(l: &Layout, rows: usize, cols: usize) -> Option<Sca
             let k32 = cols / MX_BLOCK;
             let sn = k32.div_ceil(8) * 8;
             let (shapes, why) = match l.scale_layout.unwrap_or(ScaleLayout::Plain) {
-                ScaleLayout::Plain => (
+                // (aiter_int4 is not an MX layout: check_record refuses it first.)
+                ScaleLayout::Plain | ScaleLayout::AiterInt4 => (
                     vec![vec![e * rows, k32], vec![e, rows, k32]],
                     format!("scale_layout plain: E*{rows} rows, {cols}/32 columns"),
                 ),
@@ -218,6 +262,23 @@ pub fn expected_scale_shapes(l: &Layout, rows: usize, cols: usize) -> Option<Sca
                 ),
             };
             Some((shapes, why, e8m0))
+        }
+        WeightFormat::Int4Group32 => {
+            let g = cols / INT4_GROUP;
+            let (shapes, why) = match l.scale_layout.unwrap_or(ScaleLayout::Plain) {
+                ScaleLayout::AiterInt4 => (
+                    vec![vec![e, g / 2, rows, 2], vec![e * (g / 2) * rows * 2]],
+                    format!(
+                        "scale_layout aiter_int4: E={e}, {cols}/64 group pairs, {rows} rows, 2 \
+                         (or flattened)"
+                    ),
+                ),
+                _ => (
+                    vec![vec![e, rows, g], vec![e * rows, g]],
+                    format!("scale_layout plain: E={e}, {rows} rows, {cols}/32 groups"),
+                ),
+            };
+            Some((shapes, why, &[ElemType::Bf16]))
         }
     }
 }
@@ -330,8 +391,10 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
         ),
         (&launch.w2, hp, ip, ["hidden_padded", "intermediate_padded"]),
     ] {
-        let bytes = per == 2 && w.elem == ElemType::U8;
-        let (note, shown) = if bytes {
+        let bytes = per == 2 && w.elem != ElemType::Fp4x2;
+        let (note, shown) = if f == WeightFormat::Int4Group32 {
+            ("/2 (two int4 values per byte)", cols / 2)
+        } else if bytes {
             ("/2 (uint8: two fp4 values per byte)", cols / 2)
         } else {
             ("", cols)

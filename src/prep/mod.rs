@@ -6,6 +6,7 @@
 //! `request` holds each prep call as a typed request that checks its tensors and returns the
 //! job to run (through `Backend::run_prep`) and the layout fragment it produces.
 
+pub mod int4;
 pub mod maps;
 pub mod pad;
 pub mod parallel;

@@ -11,11 +11,13 @@
 //! and the GPU backend on the device. All are pure functions over host byte slices (fp32 as
 //! native little-endian bytes), usable from Rust tests as well as from the C surface.
 
+use super::int4;
 use super::scale::{f3_shape, F3_PAD, F4_PAD};
 use super::steps::{run_host, RowMap, Step, Writer};
 use crate::aiter::{PathLayout, ScaleShuffle};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, MAX_NUM_EXPERTS, MAX_SIZE};
+use crate::moe::check::INT4_GROUP;
 use crate::tensor::format_shape;
 use crate::types::{AiterTarget, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
@@ -42,6 +44,9 @@ pub struct PrepareSpec {
     pub w13_bias: Option<Vec<usize>>,
     /// fp32 `[E, H]`.
     pub w2_bias: Option<Vec<usize>>,
+    /// INT4_GROUP32 weights given one value per int8 (`[E, 2I, H]`, `[E, H, I]`), packed by
+    /// the preparation; false: already packed (`[E, 2I, H/2]`, `[E, H, I/2]` bytes).
+    pub int4_unpacked: bool,
 }
 
 /// How the scales of a format look.
@@ -57,6 +62,9 @@ pub enum ScaleKind {
     PerChannel,
     /// fp32 per 128×128 block: `[E, N/128, ⌈K/128⌉]`; re-ordered and padded.
     Block128,
+    /// bf16 per 1×32 group along K: `[E, N, K/32]` or `[E·N, K/32]`; output AITER's
+    /// `shuffle_scale_for_int4` `[E, K/64, N, 2]` (re-ordered and padded).
+    Int4Group,
 }
 
 impl ScaleKind {
@@ -67,12 +75,14 @@ impl ScaleKind {
             WeightFormat::Fp8PerTensor => ScaleKind::PerTensor,
             WeightFormat::Fp8PerChannel => ScaleKind::PerChannel,
             WeightFormat::Fp8Block128 => ScaleKind::Block128,
+            WeightFormat::Int4Group32 => ScaleKind::Int4Group,
         }
     }
     /// Bytes of one scale element.
     pub fn elem_size(self) -> usize {
         match self {
             ScaleKind::Mx => 1,
+            ScaleKind::Int4Group => super::int4::SCALE_BYTES,
             _ => 4,
         }
     }
@@ -86,12 +96,18 @@ pub fn weight_elem_size(format: WeightFormat) -> usize {
     }
 }
 
-/// Logical values per storage element along K (2 for packed fp4).
+/// Logical values per storage element along K of the prepared weights (2 for packed fp4 and
+/// int4).
 fn values_per_elem(format: WeightFormat) -> usize {
-    if format == WeightFormat::Mxfp4 {
-        2
-    } else {
+    crate::moe::check::values_per_elem(format)
+}
+
+/// Logical values per storage element along K of the checkpoint weights.
+fn values_per_input_elem(spec: &PrepareSpec) -> usize {
+    if spec.format == WeightFormat::Int4Group32 && spec.int4_unpacked {
         1
+    } else {
+        values_per_elem(spec.format)
     }
 }
 
@@ -204,6 +220,7 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
     let format = spec.format;
     let kind = ScaleKind::of(format);
     let vpe = values_per_elem(format);
+    let vpe_in = values_per_input_elem(spec);
     let (w13, w2) = (&spec.w13, &spec.w2);
     if w13.len() != 3 {
         crate::bail!(
@@ -220,7 +237,7 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
         );
     }
     let (e, h) = (w2[0], w2[1]);
-    let i = w2[2] * vpe;
+    let i = w2[2] * vpe_in;
     if e == 0 || h == 0 || i == 0 {
         crate::bail!(
             invalid,
@@ -237,8 +254,8 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
             format_shape(w2)
         );
     }
-    let w13_want = [e, 2 * i, h / vpe];
-    if w13[..] != w13_want || h % vpe != 0 {
+    let w13_want = [e, 2 * i, h / vpe_in];
+    if w13[..] != w13_want || h % vpe_in != 0 {
         return Err(shape_err("w13", &[&w13_want], w13));
     }
     if spec.gate_mode_in == GateMode::Interleave && i % 16 != 0 {
@@ -308,6 +325,29 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
             let s13 = need("w13_scale", &spec.w13_scale)?;
             let s2 = need("w2_scale", &spec.w2_scale)?;
             match kind {
+                ScaleKind::Int4Group => {
+                    if h % INT4_GROUP != 0 || i % INT4_GROUP != 0 {
+                        crate::bail!(
+                            invalid,
+                            "w13: int4_group32 needs H and I multiples of 32 (one bf16 scale per \
+                             32 values), got H = {h}, I = {i}"
+                        );
+                    }
+                    let check = |name: &str, s: &[usize], n: usize, k: usize| -> Result<()> {
+                        let a = [e, n, k / INT4_GROUP];
+                        let b = [e * n, k / INT4_GROUP];
+                        if s != a && s != b {
+                            return Err(shape_err(name, &[&a, &b], s));
+                        }
+                        Ok(())
+                    };
+                    check("w13_scale", &s13, 2 * i, h)?;
+                    check("w2_scale", &s2, h, i)?;
+                    (
+                        Some(int4::scale_shape(e, 2 * i_pad, int4::groups(h_pad))),
+                        Some(int4::scale_shape(e, h_pad, int4::groups(i_pad))),
+                    )
+                }
                 ScaleKind::Mx => {
                     if h % 32 != 0 || i % 32 != 0 {
                         crate::bail!(
@@ -422,9 +462,11 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
         weight_format: format,
         gate_mode: path.map_or(GateMode::Separated, |p| p.gate_mode),
         weight_layout: path.map_or(WeightLayout::Aiter16x16, |p| p.weight_layout),
-        scale_layout: format
-            .is_mx()
-            .then_some(path.map_or(ScaleLayout::AiterE8m0, |p| p.scale_layout)),
+        scale_layout: match kind {
+            ScaleKind::Mx => Some(path.map_or(ScaleLayout::AiterE8m0, |p| p.scale_layout)),
+            ScaleKind::Int4Group => Some(ScaleLayout::AiterInt4),
+            _ => None,
+        },
         num_experts: e,
         hidden_size: h,
         intermediate_size: i,
@@ -527,6 +569,21 @@ pub fn prepare_host(
     inp: PrepareInputs<'_>,
     out: PrepareOutputs<'_>,
 ) -> Result<()> {
+    // int8-held int4: packed first, then prepared like packed input.
+    let packed;
+    let inp = if shapes.spec.int4_unpacked {
+        packed = [
+            pack_int4_input("w13", inp.w13)?,
+            pack_int4_input("w2", inp.w2)?,
+        ];
+        PrepareInputs {
+            w13: &packed[0],
+            w2: &packed[1],
+            ..inp
+        }
+    } else {
+        inp
+    };
     let steps = steps(shapes);
     let check = |part: Part, output: bool, got: usize| -> Result<()> {
         let (_, step) = steps
@@ -571,6 +628,34 @@ pub fn prepare_host(
         run_host(step, src, dst);
     }
     Ok(())
+}
+
+/// The int8-held int4 values of `name` packed (AITER `pack_int8_to_packed_int4`), after
+/// checking that each lies in [-8, 7].
+pub fn pack_int4_input(name: &str, src: &[u8]) -> Result<Vec<u8>> {
+    if let Some((at, v)) = int4::first_out_of_range(src) {
+        crate::bail!(
+            invalid,
+            "{name}: int8-held int4 values must lie in [-8, 7], got {v} at flat index {at}"
+        );
+    }
+    if src.len() % 8 != 0 {
+        crate::bail!(
+            invalid,
+            "{name}: int8-held int4 values come in runs of 8 along K, got {} values",
+            src.len()
+        );
+    }
+    let mut out = Vec::new();
+    if out.try_reserve_exact(src.len() / 2).is_err() {
+        return Err(Error::out_of_memory(format!(
+            "{name}: cannot allocate {} bytes to pack int4 values",
+            src.len() / 2
+        )));
+    }
+    out.resize(src.len() / 2, 0);
+    int4::pack_int8_to_packed_int4(src, &mut out);
+    Ok(out)
 }
 
 /// Which input/output pair a preparation [`Step`] reads and writes (the value indexes the
@@ -618,13 +703,14 @@ pub fn steps(shapes: &PreparedShapes) -> Vec<(Part, Step)> {
     let bias_rows =
         RowMap::gate_up_to(e, i, i_pad, mode, path.map_or(l.gate_mode, |p| p.bias_rows));
     let w2_rows = RowMap::plain(e, h_pad, h, h);
-    let tile = |row_bytes: usize| match l.weight_layout {
-        WeightLayout::Aiter16x16 => Writer::Tile {
+    let tile = |row_bytes: usize| match (l.weight_layout, l.weight_format) {
+        (WeightLayout::Aiter16x16, WeightFormat::Int4Group32) => int4::weight_writer(row_bytes),
+        (WeightLayout::Aiter16x16, _) => Writer::Tile {
             row_bytes,
             tile_rows: 16,
             pack: 16,
         },
-        WeightLayout::Plain => Writer::rows(row_bytes, &[0]),
+        (WeightLayout::Plain, _) => Writer::rows(row_bytes, &[0]),
     };
     let zeros = Writer::rows(4, &[0; 4]);
     let mut out = vec![
@@ -683,6 +769,10 @@ pub fn steps(shapes: &PreparedShapes) -> Vec<(Part, Step)> {
                 },
             ))
         }
+        ScaleKind::Int4Group => Some((
+            int4::scale_step(gate_up, int4::groups(h), int4::groups(h_pad)),
+            int4::scale_step(w2_rows, int4::groups(i), int4::groups(i_pad)),
+        )),
         ScaleKind::PerTensor => Some((Step::copy(d13), Step::copy(d2))),
         ScaleKind::PerChannel => Some((
             Step {

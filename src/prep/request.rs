@@ -86,7 +86,18 @@ pub struct QuantizeOp {
 /// One operation of a job; tensors are indexes into [`PrepJob::tensors`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrepOp {
-    Step { step: Step, src: usize, dst: usize },
+    Step {
+        step: Step,
+        src: usize,
+        dst: usize,
+    },
+    /// Pack the int8-held int4 values of `src` (AITER `pack_int8_to_packed_int4`, each
+    /// checked to lie in [-8, 7]), then run `step` over the packed bytes. Host only.
+    PackInt4 {
+        step: Step,
+        src: usize,
+        dst: usize,
+    },
     QuantizeMx(QuantizeOp),
 }
 
@@ -175,6 +186,22 @@ pub unsafe fn run_host(job: &PrepJob) -> Result<()> {
                     )));
                 }
                 steps::run_host(&step, s, d);
+            }
+            PrepOp::PackInt4 { step, src, dst } => {
+                let packed = prepare::pack_int4_input(t[src].name, t[src].host_bytes())?;
+                let d = t[dst].host_bytes_mut();
+                if packed.len() != step.src_bytes() || d.len() != step.dst_bytes {
+                    return Err(Error::internal(format!(
+                        "prep: {} packs to {} bytes and {} holds {}, the step reads {} and writes {}",
+                        t[src].name,
+                        packed.len(),
+                        t[dst].name,
+                        d.len(),
+                        step.src_bytes(),
+                        step.dst_bytes
+                    )));
+                }
+                steps::run_host(&step, &packed, d);
             }
             PrepOp::QuantizeMx(q) => {
                 let src = &t[q.src];
@@ -563,6 +590,13 @@ impl SwizzleScale {
                     "layout: plain is not a swizzle (expected 2 aiter_e8m0 or 3 cdna4_swizzle)"
                 );
             }
+            ScaleLayout::AiterInt4 => {
+                crate::bail!(
+                    unsupported,
+                    "layout: aiter_int4 is the bf16 scale layout of int4_group32 (prepare_moe \
+                     writes it), not an e8m0 swizzle (expected 2 aiter_e8m0 or 3 cdna4_swizzle)"
+                );
+            }
         };
         let fragment = Fragment {
             scale_layout: Some(self.layout),
@@ -867,6 +901,8 @@ impl PrepareMoe {
         }
         let scale_types: &[ElemType] = if format.is_mx() {
             &[ElemType::E8m0, ElemType::U8]
+        } else if format == WeightFormat::Int4Group32 {
+            &[ElemType::Bf16]
         } else {
             &[ElemType::F32]
         };
@@ -889,8 +925,15 @@ impl PrepareMoe {
             w2_scale: shape(&self.w2_scale),
             w13_bias: shape(&self.w13_bias),
             w2_bias: shape(&self.w2_bias),
+            int4_unpacked: self.int4_unpacked()?,
         };
         prepare::plan(&spec)
+    }
+
+    /// INT4_GROUP32 checkpoints: int8 weights hold one value per byte, uint8 weights two
+    /// packed values (AITER's pack order).
+    fn int4_unpacked(&self) -> Result<bool> {
+        Ok(self.target.format == WeightFormat::Int4Group32 && self.w13.elem == ElemType::I8)
     }
 
     /// The fragment of a whole preparation: every field of the record it writes.
@@ -946,6 +989,18 @@ impl PrepareMoe {
         }
         let all: Vec<&Tensor> = inputs.iter().chain(&outs).flatten().collect();
         let at = location(&all)?;
+        if shapes.spec.int4_unpacked && at != Location::Host {
+            crate::bail!(
+                unsupported,
+                "w13: int8-held int4 weights are packed on the host only; pass host tensors, or \
+                 packed uint8 weights (AITER's pack_int8_to_packed_int4 order) on the device, \
+                 got {} tensors",
+                match at {
+                    Location::Device(kind, _) => kind.name(),
+                    Location::Host => "host",
+                }
+            );
+        }
         if let (Some(t), Location::Device(..)) = (self.target.target, at) {
             // The device prep kernels write SEPARATED rows only (RowMap `block` 0).
             crate::bail!(
@@ -967,6 +1022,7 @@ impl PrepareMoe {
             }
         }
         let mut ops = Vec::new();
+        let unpacked = shapes.spec.int4_unpacked;
         for (part, step) in prepare::steps(&shapes) {
             let [src, dst] = index[part as usize];
             if src == usize::MAX || dst == usize::MAX {
@@ -975,7 +1031,12 @@ impl PrepareMoe {
                     part.name()
                 )));
             }
-            ops.push(PrepOp::Step { step, src, dst });
+            let weights = matches!(part, prepare::Part::W13 | prepare::Part::W2);
+            ops.push(if unpacked && weights {
+                PrepOp::PackInt4 { step, src, dst }
+            } else {
+                PrepOp::Step { step, src, dst }
+            });
         }
         let job = PrepJob {
             location: at,
@@ -1119,6 +1180,21 @@ mod tests {
         let e = p.check_act_dtype(ActDtype::Fp8PerToken).unwrap_err();
         assert_eq!(e.status, Status::LayoutMismatch);
         assert!(e.message.starts_with("layout.act_dtype: "), "{}", e.message);
+    }
+
+    #[test]
+    fn an_int4_scale_layout_round_trips_through_the_fingerprint() {
+        // AITER_INT4 = 4 needs a third scale_layout bit (bit 56): it must not spill into
+        // act_dtype.
+        let f = Fragment {
+            weight_format: Some(WeightFormat::Int4Group32),
+            scale_layout: Some(ScaleLayout::AiterInt4),
+            ..Fragment::default()
+        };
+        let (back, _) = fingerprint::decode(fingerprint::encode(&f)).unwrap();
+        assert_eq!(back.scale_layout, Some(ScaleLayout::AiterInt4));
+        assert_eq!(back.act_dtype, None);
+        assert_eq!(back.weight_format, Some(WeightFormat::Int4Group32));
     }
 
     #[test]

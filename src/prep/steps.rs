@@ -455,8 +455,9 @@ mod tests {
             F::Fp8Block128,
             F::Mxfp4,
             F::Mxfp8,
+            F::Int4Group32,
         ];
-        for round in 0..42 {
+        for round in 0..48 {
             let format = formats[round % formats.len()];
             let mode = [
                 GateMode::Separated,
@@ -472,10 +473,12 @@ mod tests {
             let unit = if format == F::Fp8Block128 { 128 } else { 32 };
             let h = unit * (1 + g.below(3));
             let i = unit * (1 + g.below(3));
-            let vpe = if format == F::Mxfp4 { 2 } else { 1 };
+            let vpe = if format.is_packed() { 2 } else { 1 };
             let (s13, s2) = match ScaleKind::of(format) {
                 ScaleKind::None => (None, None),
-                ScaleKind::Mx => (Some(vec![e, 2 * i, h / 32]), Some(vec![e * h, i / 32])),
+                ScaleKind::Mx | ScaleKind::Int4Group => {
+                    (Some(vec![e, 2 * i, h / 32]), Some(vec![e * h, i / 32]))
+                }
                 ScaleKind::PerTensor => (Some(vec![e]), Some(vec![e, 1])),
                 ScaleKind::PerChannel => (Some(vec![e, 2 * i]), Some(vec![e, h, 1])),
                 ScaleKind::Block128 => (
@@ -496,6 +499,7 @@ mod tests {
                 w2_scale: s2.clone(),
                 w13_bias: bias.then(|| vec![e, 2 * i]),
                 w2_bias: bias.then(|| vec![e, h]),
+                int4_unpacked: false,
             };
             let shapes = plan(&spec).unwrap();
             let (es, ses) = (weight_elem_size(format), ScaleKind::of(format).elem_size());

@@ -52,6 +52,19 @@ def cdna4_swizzle(s, E, N):
     return f3.contiguous().view(E, N32 // 32, SN * 32)
 
 
+def pack_int8_to_packed_int4(v):
+    """AITER's pack (aiter/ops/shuffle.py): runs of 8 int4 codes v0..v7 -> 4 bytes
+    (v[j+4] << 4) | v[j], j = 0..3. `v` uint8 nibbles [..., K] -> uint8 [..., K/2]."""
+    r = v.reshape(-1, 8)
+    return (r[:, :4] | (r[:, 4:] << 4)).reshape(*v.shape[:-1], v.shape[-1] // 2)
+
+
+def shuffle_scale_for_int4(s):
+    """AITER's shuffle_scale_for_int4 of [E, G, N] bf16 -> [E, G/2, N, 2]."""
+    E, G, N = s.shape
+    return s.view(E, G // 2, 2, N).permute(0, 1, 3, 2).contiguous()
+
+
 def _fp8(shape, device, g):
     return (torch.randn(shape, device=device, generator=g) * 8).to(torch.float8_e4m3fn)
 
@@ -107,9 +120,24 @@ def make_matrix(fmt, wlayout, slayout, E, N, K, device, g):
         else:
             scale = sbytes
         esize = 1
+    elif fmt == "int4_group32":
+        # Signed nibbles -8..7 (all 16 codes) times a bf16 scale per 1x32 group along K.
+        codes = torch.randint(0, 16, (E, N, K), device=device, generator=g, dtype=torch.uint8)
+        vals = ((codes ^ 8).float() - 8)
+        sval = (std / 4 * (0.5 + torch.rand(E, N, K // 32, device=device, generator=g)))
+        sval = sval.to(torch.bfloat16)
+        deq = vals * sval.float().repeat_interleave(32, -1)
+        # AITER a16wi4: F1 (16, 16) of the int8-held values, then the pack.
+        held = f1_shuffle(codes, 1) if wlayout == "aiter_16x16" else codes
+        store = pack_int8_to_packed_int4(held)
+        if slayout == "aiter_int4":
+            scale = shuffle_scale_for_int4(sval.transpose(1, 2).contiguous())
+        else:
+            scale = sval
+        esize = 1
     else:
         raise ValueError(fmt)
-    if wlayout == "aiter_16x16":
+    if wlayout == "aiter_16x16" and fmt != "int4_group32":
         store = f1_shuffle(store.contiguous(), esize)
     if fmt == "bf16":
         store = store.view(torch.bfloat16)

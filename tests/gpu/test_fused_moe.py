@@ -9,7 +9,8 @@ torch = pytest.importorskip("torch")
 import _abi  # noqa: E402
 from moe_ref import make_moe, reference, rel_l2  # noqa: E402
 
-FORMATS = ["bf16", "fp16", "fp8_per_tensor", "fp8_per_channel", "fp8_block128", "mxfp4", "mxfp8"]
+FORMATS = ["bf16", "fp16", "fp8_per_tensor", "fp8_per_channel", "fp8_block128", "mxfp4", "mxfp8",
+           "int4_group32"]
 GATES = ["separated", "interleave", "interleave_rows"]
 ACTS = ["silu", "gelu", "swiglu_oai"]
 TOL = 1e-2
@@ -41,6 +42,8 @@ def run_moe(fmt, *, wlayout="aiter_16x16", slayout=None, gate="separated", act="
     Hp, Ip = Hp or H, Ip or I
     if slayout is None:
         slayout = ("aiter_e8m0" if wlayout == "aiter_16x16" else "plain") if fmt.startswith("mx") else "none"
+        if fmt == "int4_group32":
+            slayout = "aiter_int4" if wlayout == "aiter_16x16" else "plain"
     if m is None:
         m = make_moe(fmt, wlayout, slayout, gate, E, H, I, Hp, Ip, bias, dev, seed)
     g = torch.Generator(device=dev)
@@ -133,7 +136,10 @@ CASES = []
 for n, (fmt, adt) in enumerate((f, a) for f in FORMATS for a in _abi.ALLOWED_ACT[f]):
     CASES.append(dict(fmt=fmt, act_dtype=adt, wlayout=["aiter_16x16", "plain"][n % 2],
                       slayout=(["aiter_e8m0", "plain", "cdna4_swizzle"][n % 3]
-                               if fmt.startswith("mx") else "none"),
+                               if fmt.startswith("mx") else
+                               # aiter_int4 pairs 32-groups: K % 64 (the padded sizes)
+                               ("aiter_int4" if n % 4 in (1, 2) else "plain")
+                               if fmt == "int4_group32" else "none"),
                       gate=GATES[n % 3], act=ACTS[(n // 3) % 3], option=OPTIONS[n % len(OPTIONS)],
                       pad=n % 4 in (1, 2)))
 
@@ -446,3 +452,28 @@ def test_real_shapes(model, M):
         out, ref, st = run_moe(fmt, M=M, m=_real_cache[key], seed=M, act_dtype=adt, **c)
         errs = assert_close(out, ref, st=st if adt != "bf16" or M <= 7 else None)
         print(f"{model} M={M} {adt}: {errs}")
+
+
+# INT4_GROUP32 (AITER a16wi4) runs in the fp32 family: every weight layout x scale layout x gate
+# mode, 16-bit activations of both kinds, against the float64 reference and the CPU backend.
+@pytest.mark.parametrize("wlayout", ["aiter_16x16", "plain"])
+@pytest.mark.parametrize("slayout", ["aiter_int4", "plain"])
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("M", [1, 7, 64, 300])
+def test_int4_group32_layouts(wlayout, slayout, gate, M):
+    out, ref, st = run_moe("int4_group32", wlayout=wlayout, slayout=slayout, gate=gate,
+                           act=ACTS[M % 3], M=M, E=8, k=2, H=256, I=192, seed=M)
+    assert_close(out, ref, st=st)
+
+
+def test_int4_group32_options_and_fp16():
+    mask = torch.zeros(13, dtype=torch.int32, device="cuda")
+    mask[torch.tensor([0, 2, 3, 5, 8, 9, 10, 12])] = 1
+    g = torch.Generator(device="cuda")
+    g.manual_seed(11)
+    ids = torch.randint(-1, 14, (9, 3), device="cuda", generator=g, dtype=torch.int32)
+    out, ref, st = run_moe("int4_group32", act="swiglu_oai", E=8, k=3, M=9, H=320, I=160,
+                           Hp=384, Ip=192, bias=True, rwoi=True, mask=mask, ids=ids, n_local=7,
+                           in_dtype=torch.float16, out_dtype=torch.float16, act_dtype="fp16",
+                           out_cols=384, seed=5)
+    assert_close(out, ref, n_local=7, st=st)

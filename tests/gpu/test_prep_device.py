@@ -243,16 +243,21 @@ def test_quantize_mx(fmt, src_dtype, mode):
 
 WFMT = {"bf16": (1, torch.bfloat16), "fp16": (2, torch.float16), "fp8_per_tensor": (3, torch.float8_e4m3fn),
         "fp8_per_channel": (4, torch.float8_e4m3fn), "fp8_block128": (5, torch.float8_e4m3fn),
-        "mxfp4": (6, torch.uint8), "mxfp8": (7, torch.float8_e4m3fn)}
+        "mxfp4": (6, torch.uint8), "mxfp8": (7, torch.float8_e4m3fn),
+        # packed uint8 int4 (AITER's pack order): Tile steps, run on the device too
+        "int4_group32": (8, torch.uint8)}
 
 
 def checkpoint(fmt, e, h, i, bias, gen):
     _, wd = WFMT[fmt]
-    vpe = 2 if fmt == "mxfp4" else 1
+    vpe = 2 if fmt in ("mxfp4", "int4_group32") else 1
     t = dict(w13=rbytes((e, 2 * i, h // vpe), gen, wd), w2=rbytes((e, h, i // vpe), gen, wd))
     if fmt in ("mxfp4", "mxfp8"):
         t["w13_scale"] = rbytes((e, 2 * i, h // 32), gen)
         t["w2_scale"] = rbytes((e * h, i // 32), gen)
+    elif fmt == "int4_group32":  # bf16 group scales, row-major [E, N, K/32]
+        t["w13_scale"] = rbytes((e, 2 * i, h // 32), gen, torch.bfloat16)
+        t["w2_scale"] = rbytes((e * h, i // 32), gen, torch.bfloat16)
     elif fmt == "fp8_per_tensor":
         t["w13_scale"], t["w2_scale"] = torch.rand((e,), generator=gen) + 0.5, torch.rand((e, 1), generator=gen) + 0.5
     elif fmt == "fp8_per_channel":
@@ -396,3 +401,17 @@ def test_validation_errors_match_the_host():
             moeplug.pad_weights(src.to(dev), rows=40, cols=64, out=torch.empty((2, 40, 64), dtype=torch.bfloat16, device=dev))
         msgs.append((e.value.status, str(e.value)))
     assert msgs[:2] == msgs[2:], msgs
+
+
+def test_int8_held_int4_is_packed_on_the_host_only():
+    gen = torch.Generator().manual_seed(3)
+    e, h, i = 1, 64, 64
+    t = dict(w13=torch.randint(-8, 8, (e, 2 * i, h), generator=gen, dtype=torch.int8),
+             w2=torch.randint(-8, 8, (e, h, i), generator=gen, dtype=torch.int8),
+             w13_scale=rbytes((e, 2 * i, h // 32), gen, torch.bfloat16),
+             w2_scale=rbytes((e, h, i // 32), gen, torch.bfloat16))
+    st, msg, _, _ = prepare_raw("int4_group32", 1, t, DEV, 2)
+    assert mabi.STATUS_NAMES[st] == "MOEPLUG_UNSUPPORTED"
+    assert msg == ("moeplug_prepare_moe: w13: int8-held int4 weights are packed on the host only; "
+                   "pass host tensors, or packed uint8 weights (AITER's pack_int8_to_packed_int4 "
+                   "order) on the device, got cuda tensors")

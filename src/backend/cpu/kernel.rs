@@ -422,6 +422,12 @@ fn scale_of<'a>(
                     .scale_layout
                     .unwrap_or(crate::types::ScaleLayout::Plain),
             ),
+            WeightFormat::Int4Group32 => Scale::Int4Group(
+                t.as_ref().map(|t| t.host_bytes()).unwrap_or(&[]),
+                layout
+                    .scale_layout
+                    .unwrap_or(crate::types::ScaleLayout::Plain),
+            ),
         })
     }
 }

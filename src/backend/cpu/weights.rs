@@ -1,6 +1,6 @@
 //! Reading prepared weights as the layout record says they are stored: dequantize whole rows
 //! (scale applied) into f32, from PLAIN or AITER_16x16 (F1) bytes with per-tensor, per-channel,
-//! 128×128-block or MX e8m0 scales in any recorded scale layout.
+//! 128×128-block, MX e8m0 or int4 bf16 group scales in any recorded scale layout.
 
 use once_cell::sync::Lazy;
 
@@ -12,7 +12,7 @@ use crate::quant::{
 use crate::tensor::ElemType;
 use crate::types::{ScaleLayout, WeightFormat, WeightLayout};
 
-use crate::moe::check::{F1_PACK_BYTES, F1_ROWS, MX_BLOCK};
+use crate::moe::check::{F1_PACK_BYTES, F1_ROWS, INT4_F1_PACK_BYTES, INT4_GROUP, MX_BLOCK};
 
 static FP8_FN: Lazy<[f32; 256]> = Lazy::new(|| std::array::from_fn(|b| fp8_e4m3fn_to_f32(b as u8)));
 static FP8_FNUZ: Lazy<[f32; 256]> =
@@ -31,6 +31,9 @@ pub enum Scale<'a> {
     Block128(&'a [f32]),
     /// e8m0 bytes per 1×32 block in `layout`.
     Mx(&'a [u8], ScaleLayout),
+    /// bf16 (little-endian bytes) per 1×32 group of INT4_GROUP32: plain `[E, N, K/32]` or
+    /// AITER's `[E, K/64, N, 2]`.
+    Int4Group(&'a [u8], ScaleLayout),
 }
 
 /// One stacked weight `[E, rows, cols]` (logical), its bytes and its scale.
@@ -72,9 +75,9 @@ impl<'a> WeightMatrix<'a> {
             2
         }
     }
-    /// Logical values per storage element (2 for packed fp4).
+    /// Logical values per storage element (2 for packed fp4 and int4).
     fn per(&self) -> usize {
-        if self.format == WeightFormat::Mxfp4 {
+        if self.format.is_packed() {
             2
         } else {
             1
@@ -119,13 +122,82 @@ impl<'a> WeightMatrix<'a> {
                 let sn = k32.div_ceil(8) * 8;
                 let c = k / MX_BLOCK;
                 let off = match layout {
-                    ScaleLayout::Plain => (e * self.rows + n) * k32 + c,
+                    // (aiter_int4 never names MX scales: check_record refuses it.)
+                    ScaleLayout::Plain | ScaleLayout::AiterInt4 => (e * self.rows + n) * k32 + c,
                     ScaleLayout::AiterE8m0 => f3_offset(e * self.rows + n, c, sn),
                     ScaleLayout::Cdna4Swizzle => {
                         e * self.rows.div_ceil(32) * 32 * sn + f3_offset(n, c, sn)
                     }
                 };
                 e8m0_to_f32(bytes[off])
+            }
+            Scale::Int4Group(bytes, layout) => {
+                let (g, groups) = (k / INT4_GROUP, self.cols / INT4_GROUP);
+                let at = match layout {
+                    ScaleLayout::AiterInt4 => {
+                        ((e * (groups / 2) + g / 2) * self.rows + n) * 2 + g % 2
+                    }
+                    _ => (e * self.rows + n) * groups + g,
+                };
+                f32::from_bits(
+                    (u16::from_le_bytes([bytes[2 * at], bytes[2 * at + 1]]) as u32) << 16,
+                )
+            }
+        }
+    }
+
+    /// The 32 values of INT4_GROUP32 group `k / 32` of row `n` (natural column order, scale
+    /// not applied) from the expert's bytes at `base`. Each 16-value piece of a row is 8
+    /// contiguous bytes in both layouts (plain rows, or AITER's F1 of the int8 values in
+    /// 16-value packs); inside, byte j < 4 holds values j (low nibble) and j + 4 (high),
+    /// byte 4 + j values 8 + j and 12 + j (`pack_int8_to_packed_int4`).
+    #[inline]
+    fn int4_group(&self, base: usize, n: usize, k: usize, out: &mut [f32; INT4_GROUP]) {
+        let row_bytes = self.row_storage();
+        for half in 0..2 {
+            let byte = (k + 16 * half) / 2;
+            let at = base
+                + match self.layout {
+                    WeightLayout::Plain => n * row_bytes + byte,
+                    WeightLayout::Aiter16x16 => {
+                        f1_offset(n, byte, row_bytes, F1_ROWS, INT4_F1_PACK_BYTES)
+                    }
+                };
+            let src = &self.bytes[at..at + INT4_F1_PACK_BYTES];
+            let dst = &mut out[16 * half..16 * half + 16];
+            for (j, &b) in src.iter().enumerate() {
+                let (lo, hi) = (((b << 4) as i8 >> 4) as f32, ((b as i8) >> 4) as f32);
+                let first = (j / 4) * 8 + j % 4;
+                dst[first] = lo;
+                dst[first + 4] = hi;
+            }
+        }
+    }
+
+    /// [`Self::dequant_tile`] for INT4_GROUP32: whole 32-value groups, each times its bf16
+    /// scale (exact in f32: a 4-bit integer times a bf16), the last one cut to `width`.
+    #[allow(clippy::too_many_arguments)]
+    fn dequant_int4_tile(
+        &self,
+        e: usize,
+        n0: usize,
+        rows: usize,
+        k0: usize,
+        width: usize,
+        tile: &mut [f32],
+        ld: usize,
+    ) {
+        let base = e * self.expert_bytes();
+        let mut vals = [0f32; INT4_GROUP];
+        for r in 0..rows {
+            let n = n0 + r;
+            for k in (0..width).step_by(INT4_GROUP) {
+                self.int4_group(base, n, k0 + k, &mut vals);
+                let s = self.scale_at(e, n, k0 + k);
+                let take = (width - k).min(INT4_GROUP);
+                for (d, v) in tile[r * ld + k..][..take].iter_mut().zip(&vals) {
+                    *d = v * s;
+                }
             }
         }
     }
@@ -178,6 +250,9 @@ impl<'a> WeightMatrix<'a> {
         let eb = self.elem_bytes();
         let pv = self.pack_values();
         debug_assert!(k0 % pv == 0 && width <= ld && rows <= F1_ROWS);
+        if self.format == WeightFormat::Int4Group32 {
+            return self.dequant_int4_tile(e, n0, rows, k0, width, tile, ld);
+        }
         // Storage step from one row to the next and from one pack to the next.
         let (row_step, pack_step) = match self.layout {
             WeightLayout::Plain => (self.row_storage() * eb, F1_PACK_BYTES),

@@ -20,8 +20,8 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
     for family in Family::ALL {
         let mut chosen = 0usize; // rotates the activation over this family's configurations
         for &wf in WeightFormat::ALL {
-            let scale_layouts: Vec<Option<ScaleLayout>> = if wf.is_mx() {
-                ScaleLayout::ALL.iter().copied().map(Some).collect()
+            let scale_layouts: Vec<Option<ScaleLayout>> = if !wf.scale_layouts().is_empty() {
+                wf.scale_layouts().iter().copied().map(Some).collect()
             } else {
                 vec![None]
             };
@@ -144,11 +144,18 @@ mod tests {
         }
         assert!(!specs
             .iter()
-            .any(|s| matches!(s.family, Family::Fp32 | Family::Mfma)));
+            .any(|s| matches!(s.family, Family::Fp32 | Family::Mfma)
+                && s.weight_format != WeightFormat::Int4Group32));
         for &wf in WeightFormat::ALL {
+            // int4 is decoded by the fp32 family only (heuristics::choose).
+            let family = if wf == WeightFormat::Int4Group32 {
+                Family::Fp32
+            } else {
+                Family::Tile32
+            };
             assert!(specs
                 .iter()
-                .any(|s| s.family == Family::Tile32 && s.weight_format == wf));
+                .any(|s| s.family == family && s.weight_format == wf));
         }
         // Each option value appears in each family.
         for f in [Family::Tile32, Family::Stream] {

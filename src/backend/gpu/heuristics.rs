@@ -134,6 +134,7 @@ pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
                 )
         }
         W::Mxfp8 => false,
+        W::Int4Group32 => false,
     };
     if !format_ok {
         return Some("format / activation dtype pairing not covered");
@@ -190,7 +191,7 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
                 && spec.wgmma_n == 128
                 && spec.wgmma_blocks == 1
         }
-        W::Mxfp8 => false,
+        W::Mxfp8 | W::Int4Group32 => false,
     };
     if !format_ok {
         return Some("format / activation dtype pairing not covered");
@@ -255,9 +256,11 @@ pub fn wgmma_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Opti
 
 /// Whether `choose` can return `family` for some launch of this configuration on CUDA `sm`.
 pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
+    // Only the fp32 family decodes int4 (load_w in moe_common.cuh).
+    let int4 = spec.weight_format == WeightFormat::Int4Group32;
     match spec.family {
-        Family::Fp32 => sm < 80,
-        Family::Tile32 => sm >= 80,
+        Family::Fp32 => sm < 80 || int4,
+        Family::Tile32 => sm >= 80 && !int4,
         Family::Stream => stream_spec_unsupported(sm, spec).is_none(),
         Family::Wgmma => wgmma_spec_unsupported(sm, spec).is_none(),
         Family::Mfma => false, // AMD only
@@ -351,6 +354,9 @@ pub fn stream_split_k(steps: usize, row_groups: usize) -> u32 {
 
 /// The family for this launch on `arch`.
 pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
+    if launch.config.layout.weight_format == WeightFormat::Int4Group32 {
+        return Family::Fp32; // the only family that decodes int4, on every vendor
+    }
     let Some(sm) = sm_version(arch) else {
         return choose_hip(arch);
     };

@@ -33,7 +33,10 @@ pub fn hip_exclusion(family: Family) -> Option<&'static str> {
 
 /// Every fused-MoE kernel configuration the HIP backend can select.
 pub fn hip_specs() -> Vec<KernelSpec> {
-    specs_where(|s| hip_exclusion(s.family).is_none())
+    specs_where(|s| {
+        hip_exclusion(s.family).is_none()
+            && (s.family == Family::Fp32 || s.weight_format != WeightFormat::Int4Group32)
+    })
 }
 
 /// The matrix-core instruction both GEMM kernels of `spec` must contain on `arch`, or `None`
@@ -144,6 +147,7 @@ mod tests {
             WeightFormat::Bf16 => ElemType::Bf16,
             WeightFormat::Fp16 => ElemType::F16,
             WeightFormat::Mxfp4 => ElemType::Fp4x2,
+            WeightFormat::Int4Group32 => ElemType::U8,
             _ if s.fp8_fnuz => ElemType::Fp8E4m3fnuz,
             _ => ElemType::Fp8E4m3fn,
         };
@@ -232,9 +236,14 @@ mod tests {
             let seen = |f: &dyn Fn(&KernelSpec) -> String| {
                 specs.iter().map(f).collect::<BTreeSet<String>>().len()
             };
-            assert_eq!(seen(&|s| format!("{:?}", s.weight_format)), 7);
+            // int4 is decoded by the fp32 family only
+            let int4 = (family == Family::Fp32) as usize;
+            assert_eq!(
+                seen(&|s| format!("{:?}", s.weight_format)),
+                WeightFormat::ALL.len() - 1 + int4
+            );
             assert_eq!(seen(&|s| format!("{:?}", s.act_dtype)), ActDtype::ALL.len());
-            assert_eq!(seen(&|s| format!("{:?}", s.scale_layout)), 4); // none + 3
+            assert_eq!(seen(&|s| format!("{:?}", s.scale_layout)), 4 + int4); // none, 3 MX, aiter_int4
             assert_eq!(seen(&|s| format!("{:?}", s.gate_mode)), 3);
             assert_eq!(seen(&|s| format!("{:?}", s.activation)), 3);
             assert_eq!(seen(&|s| format!("{:?}", s.weight_layout)), 2);

@@ -245,6 +245,12 @@ pub fn run_job(vendor: Vendor, device_id: i32, stream: *mut c_void, job: &PrepJo
                 stream,
                 &[(step, t[src].ptr as u64, t[dst].ptr as u64)],
             )?,
+            // prepare_moe refuses int4 device tensors before a job is built.
+            PrepOp::PackInt4 { .. } => {
+                return Err(Error::unsupported(
+                    "packing int8-held int4 weights runs on the host only",
+                ))
+            }
             PrepOp::QuantizeMx(q) => {
                 // The kernel's source-type codes (QuantParams.src_type in prep.cu).
                 let src_type = match t[q.src].elem {
