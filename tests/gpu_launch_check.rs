@@ -47,6 +47,9 @@ fn base(mem: &mut Mem) -> MoeLaunch {
             alpha: 1.702,
             limit: None,
             act_dtype: ActDtype::Bf16,
+            stage2_act_dtype: ActDtype::Bf16,
+            prequantized_input: false,
+            static_act_scale: [false; 2],
             router_weight_on_input: false,
             has_expert_mask: false,
             has_num_local_tokens: false,
@@ -66,6 +69,8 @@ fn base(mem: &mut Mem) -> MoeLaunch {
         output: mem.t("output", ElemType::Bf16, &[M, 64]),
         workspace: None,
         stream: 0,
+        stage1_act_scale: None,
+        stage2_act_scale: None,
     }
 }
 

@@ -36,9 +36,17 @@ pub fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
+/// GELU with the tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), in f32 as
+/// torch's `gelu(approximate="tanh")`.
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+}
+
 impl GatedAct {
-    /// act(gate, up). SILU/GELU clamp only when a limit was given (gate from above, up both
-    /// ways); SWIGLU_OAI always has one (default 7).
+    /// act(gate, up). SILU/GELU/GELU_TANH clamp only when a limit was given (gate from
+    /// above, up both ways); SWIGLU_OAI always has one (default 7). NONE is not gated: the
+    /// result is `u` (the launch check refuses a limit with it).
     #[inline]
     pub fn apply(&self, g: f32, u: f32) -> f32 {
         let (g, u) = match self.limit {
@@ -49,6 +57,8 @@ impl GatedAct {
             Activation::Silu => g * sigmoid(g) * u,
             Activation::Gelu => gelu(g) * u,
             Activation::SwigluOai => g * sigmoid(self.alpha * g) * (u + 1.0),
+            Activation::GeluTanh => gelu_tanh(g) * u,
+            Activation::NoActivation => u,
         }
     }
 }

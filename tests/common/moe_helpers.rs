@@ -229,6 +229,10 @@ impl Launch {
             output: outd,
             workspace: std::ptr::null(),
             stream: std::ptr::null_mut(),
+            stage1_act_scale: std::ptr::null(),
+            stage2_act_scale: std::ptr::null(),
+            stage2_act_dtype: 0,
+            reserved0: 0,
         };
         let mut bytes = 0usize;
         // SAFETY: every pointer names memory owned by self or this frame.

@@ -113,6 +113,9 @@ mod tests {
                 alpha: s.activation.resolve_alpha(0.0),
                 limit: s.activation.resolve_limit(0.0),
                 act_dtype: s.act_dtype,
+                stage2_act_dtype: s.act_dtype,
+                prequantized_input: false,
+                static_act_scale: [false; 2],
                 router_weight_on_input: s.router_weight_on_input,
                 has_expert_mask: s.has_mask,
                 has_num_local_tokens: false,
@@ -132,6 +135,8 @@ mod tests {
             output: descriptor("output", act16(s.out_f16)),
             workspace: None,
             stream: 0,
+            stage1_act_scale: None,
+            stage2_act_scale: None,
         }
     }
 
