@@ -178,7 +178,10 @@ mod tests {
         assert_eq!(seen(&|s| format!("{:?}", s.act_dtype)), ActDtype::ALL.len());
         assert_eq!(seen(&|s| format!("{:?}", s.scale_layout)), 4); // none + 3
         assert_eq!(seen(&|s| format!("{:?}", s.gate_mode)), 3);
-        assert_eq!(seen(&|s| format!("{:?}", s.activation)), 3);
+        assert_eq!(
+            seen(&|s| format!("{:?}", s.activation)),
+            super::super::GPU_ACTIVATIONS.len()
+        );
         assert_eq!(seen(&|s| format!("{:?}", s.weight_layout)), 2);
         for b in [
             &(|s: &KernelSpec| s.has_bias) as &dyn Fn(&KernelSpec) -> bool,
