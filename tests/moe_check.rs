@@ -39,6 +39,9 @@ fn base() -> Launch {
         expert_mask: None,
         num_local_tokens: None,
         output: T::zeros(&[M, h], BF16),
+        stage1_act_scale: None,
+        stage2_act_scale: None,
+        stage2_act_dtype: 0,
     }
 }
 

@@ -36,11 +36,13 @@ pub fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
-/// GELU with the tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), in f32 as
-/// torch's `gelu(approximate="tanh")`.
+/// GELU with the tanh approximation (torch's `gelu(approximate="tanh")`):
+/// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), evaluated in f64 and rounded once, as
+/// [`gelu`]'s erf is: the reference should not add f32 rounding of its own.
 pub fn gelu_tanh(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+    let x = x as f64;
+    let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044_715 * x * x * x);
+    (0.5 * x * (1.0 + inner.tanh())) as f32
 }
 
 impl GatedAct {

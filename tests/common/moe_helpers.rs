@@ -137,6 +137,10 @@ pub struct Launch {
     pub expert_mask: Option<T>,
     pub num_local_tokens: Option<T>,
     pub output: T,
+    /// 1.1 fields: static per-tensor act scales and the stage-2 act dtype (0 = stage 1's).
+    pub stage1_act_scale: Option<T>,
+    pub stage2_act_scale: Option<T>,
+    pub stage2_act_dtype: i32,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -197,7 +201,7 @@ impl Launch {
             strides: std::ptr::null(),
             byte_offset: 0,
         };
-        let mut d = [blank; 14];
+        let mut d = [blank; 16];
         d[0] = self.hidden.desc();
         d[1] = self.w13.desc();
         d[2] = self.w2.desc();
@@ -205,7 +209,7 @@ impl Launch {
         d[4] = self.topk_ids.desc();
         d[5] = self.output.desc();
         let [hd, w13d, w2d, twd, tid, outd, r @ ..] = &mut d;
-        let [hs, s13, b13, s2, b2, mk, nl, _, ..] = r;
+        let [hs, s13, b13, s2, b2, mk, nl, a1, a2, ..] = r;
         let args = moeplug_fused_moe_args {
             struct_size: std::mem::size_of::<moeplug_fused_moe_args>() as u32,
             layout: &self.layout,
@@ -229,9 +233,9 @@ impl Launch {
             output: outd,
             workspace: std::ptr::null(),
             stream: std::ptr::null_mut(),
-            stage1_act_scale: std::ptr::null(),
-            stage2_act_scale: std::ptr::null(),
-            stage2_act_dtype: 0,
+            stage1_act_scale: opt(&mut self.stage1_act_scale, a1),
+            stage2_act_scale: opt(&mut self.stage2_act_scale, a2),
+            stage2_act_dtype: self.stage2_act_dtype,
             reserved0: 0,
         };
         let mut bytes = 0usize;
