@@ -190,8 +190,8 @@ fn every_check_error_has_its_status_and_message() {
         (
             "hidden scale",
             { let mut l = base(); l.hidden_scale = Some(T::zeros(&[M, 2], E8M0)); l },
-            UNSUPPORTED,
-            "hidden_scale: pre-quantized hidden_states (with hidden_scale) are not supported by this backend yet; pass bf16/fp16 hidden_states and choose act_dtype",
+            INVALID,
+            "hidden_scale: pre-quantized hidden_states need act_dtype fp8_per_token, fp8_block128, mxfp4 or mxfp8, got bf16",
         ),
         (
             "ids rows",

@@ -297,6 +297,22 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
     // Activations.
     let h = &launch.hidden_states;
     let c = &launch.config;
+    // The options the tensors ask for obey the option rules, and are the configuration's.
+    let asked = MoeConfig {
+        prequantized_input: launch.hidden_scale.is_some(),
+        static_act_scale: [
+            launch.stage1_act_scale.is_some(),
+            launch.stage2_act_scale.is_some(),
+        ],
+        ..*c
+    };
+    check_config(&asked)?;
+    if asked != *c {
+        return Err(Error::invalid(
+            "hidden_scale / stage1_act_scale / stage2_act_scale: the tensors given disagree \
+             with the launch configuration",
+        ));
+    }
     if !c.prequantized_input {
         h.expect_elem(&[ElemType::Bf16, ElemType::F16])?;
     }
@@ -307,10 +323,15 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
         // Logical columns; the dtype is checked with the weights' (their fp8 flavour).
         let cols = prequantized_cols(h, c.act_dtype);
         if cols != l.hidden_size && cols != hp {
+            let want = if l.hidden_size == hp {
+                format!("{hp}")
+            } else {
+                format!("{} or {hp}", l.hidden_size)
+            };
             return Err(Error::mismatch(format!(
-                "hidden_states: expected {} or {hp} columns from the layout record ({cols_why}), \
-                 got shape {}",
-                l.hidden_size,
+                "hidden_states: expected {want} columns (codes of {}) from the layout record \
+                 ({cols_why}), got shape {}",
+                c.act_dtype.label(),
                 h.shape_str()
             )));
         }

@@ -65,7 +65,7 @@ impl T {
         T::new(vec![0; n * size], shape, dtype)
     }
     /// The C descriptor; `self` must stay put while it is used.
-    fn desc(&mut self) -> moeplug_tensor {
+    pub fn desc(&mut self) -> moeplug_tensor {
         self.store = vec![0u64; self.bytes.len().div_ceil(8)];
         // SAFETY: store holds at least bytes.len() bytes.
         unsafe {
@@ -82,7 +82,7 @@ impl T {
             self.bits,
         )
     }
-    fn read_back(&mut self) {
+    pub fn read_back(&mut self) {
         // SAFETY: store holds at least bytes.len() bytes.
         unsafe {
             std::ptr::copy_nonoverlapping(
