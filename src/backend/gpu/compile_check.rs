@@ -7,11 +7,14 @@
 use super::heuristics::selectable;
 use super::spec::{Family, KernelSpec};
 use super::GPU_ACTIVATIONS;
-use crate::types::{ActDtype, GateMode, ScaleLayout, WeightFormat, WeightLayout};
+use crate::types::{ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
 pub fn selectable_specs(sm: u32) -> Vec<KernelSpec> {
     specs_where(|spec| selectable(sm, spec))
 }
+
+/// The activations rotated over the configurations (GELU_TANH rides along with GELU).
+const ROTATED: [Activation; 3] = [Activation::Silu, Activation::Gelu, Activation::SwigluOai];
 
 /// The same enumeration for any selection rule (the HIP backend's:
 /// [`super::kernel_configs::hip_specs`]).
@@ -50,7 +53,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 weight_layout: wl,
                                 scale_layout: *sl,
                                 gate_mode: gm,
-                                activation: GPU_ACTIVATIONS[chosen % GPU_ACTIVATIONS.len()],
+                                activation: ROTATED[chosen % ROTATED.len()],
                                 act_dtype: act,
                                 in_f16,
                                 out_f16: bit(3),
@@ -66,7 +69,15 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 spec.fp8_fnuz = false; // fnuz is not on every family
                             }
                             if keep(&spec) {
+                                // GELU_TANH differs from GELU in the epilogue's one call:
+                                // it is compiled wherever GELU is.
+                                let tanh =
+                                    (spec.activation == Activation::Gelu).then(|| KernelSpec {
+                                        activation: Activation::GeluTanh,
+                                        ..spec.clone()
+                                    });
                                 out.push(spec);
+                                out.extend(tanh);
                                 chosen += 1;
                             }
                         }
