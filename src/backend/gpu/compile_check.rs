@@ -6,7 +6,6 @@
 
 use super::heuristics::selectable;
 use super::spec::{Family, KernelSpec};
-use super::GPU_ACTIVATIONS;
 use crate::types::{ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
 pub fn selectable_specs(sm: u32) -> Vec<KernelSpec> {
@@ -159,7 +158,7 @@ mod tests {
                 );
                 assert!(fam.iter().any(|s| s.out_f16 == v), "{f:?} out {v}");
             }
-            for &a in GPU_ACTIVATIONS {
+            for &a in super::super::GPU_ACTIVATIONS {
                 assert!(fam.iter().any(|s| s.activation == a), "{f:?} {a:?}");
             }
         }
