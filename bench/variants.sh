@@ -7,7 +7,7 @@ variants=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do variants+=("$1"); shift; done
 shift || true
 for v in "${variants[@]}"; do
-  echo "=== variant: $v"
+  echo "=== variant: $v" | tee -a "${OUT:-/tmp}/variants.log"
   env $v timeout 150 python3 .peers/bench_peer.py --peers moeplug --budget-s 120 "$@" 2>&1 \
-    | sed -n '/^case /,$p' | awk '{print $1, $2, $5, $8}'
+    | sed -n '/^case /,$p' | awk '{print $1, $2, $5, $8}' | tee -a "${OUT:-/tmp}/variants.log"
 done

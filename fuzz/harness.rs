@@ -562,6 +562,7 @@ fn shuffle_weight(inp: &mut Input) {
         is_guinterleave: inp.chance(6) as i32,
         gate_up: inp.chance(6) as i32,
         pad_k_to: pad,
+        out_fragment: std::ptr::null_mut(),
     };
     let ab = ArgBuf::new(inp, &a);
     let before = b.snapshot();
@@ -601,6 +602,7 @@ fn shuffle_scale(inp: &mut Input) {
         },
         is_guinterleave: gui as i32,
         gate_up: inp.chance(3) as i32,
+        out_fragment: std::ptr::null_mut(),
     };
     let ab = ArgBuf::new(inp, &a);
     let before = b.snapshot();
@@ -643,6 +645,7 @@ fn pad_weights(inp: &mut Input) {
             2f64.powi(-127),
             127.0,
         ]),
+        out_fragment: std::ptr::null_mut(),
     };
     let ab = ArgBuf::new(inp, &a);
     trace("moeplug_pad_weights", &[&src, &dst]);
@@ -671,6 +674,7 @@ fn swizzle_scale(inp: &mut Input) {
         src: &src.t,
         dst: &dst.t,
         layout: enum_value(inp, &[0, 3, 1, 2]),
+        out_fragment: std::ptr::null_mut(),
     };
     let ab = ArgBuf::new(inp, &a);
     let before = b.snapshot();
@@ -711,6 +715,7 @@ fn quantize_mx(inp: &mut Input) {
         format: enum_value(inp, &[fmt]),
         round_mode: enum_value(inp, &[0, 1, 2, 3, 4]),
         shuffle_scale: shuffle as i32,
+        out_fragment: std::ptr::null_mut(),
     };
     let ab = ArgBuf::new(inp, &a);
     let before = b.snapshot();

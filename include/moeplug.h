@@ -85,6 +85,46 @@
 #define MOEPLUG_PREPARE_MOE_SIZES_OUT_SIZE_V1_0 352
 
 /**
+ * `sizeof(moeplug_aiter_args_out)` in ABI 1.1, its first version (the smallest accepted).
+ */
+#define MOEPLUG_AITER_ARGS_OUT_SIZE_V1_1 128
+
+/**
+ * `sizeof(moeplug_resolved_config)` in ABI 1.1, its first version (the smallest accepted).
+ */
+#define MOEPLUG_RESOLVED_CONFIG_SIZE_V1_1 48
+
+/**
+ * `sizeof(moeplug_layout_fragment)` in ABI 1.1, where it first appeared.
+ */
+#define MOEPLUG_LAYOUT_FRAGMENT_SIZE_V1_1 72
+
+/**
+ * `sizeof(moeplug_shuffle_weight_args)` in ABI 1.1.
+ */
+#define MOEPLUG_SHUFFLE_WEIGHT_ARGS_SIZE_V1_1 64
+
+/**
+ * `sizeof(moeplug_shuffle_scale_args)` in ABI 1.1.
+ */
+#define MOEPLUG_SHUFFLE_SCALE_ARGS_SIZE_V1_1 48
+
+/**
+ * `sizeof(moeplug_pad_weights_args)` in ABI 1.1.
+ */
+#define MOEPLUG_PAD_WEIGHTS_ARGS_SIZE_V1_1 48
+
+/**
+ * `sizeof(moeplug_swizzle_scale_args)` in ABI 1.1.
+ */
+#define MOEPLUG_SWIZZLE_SCALE_ARGS_SIZE_V1_1 40
+
+/**
+ * `sizeof(moeplug_quantize_mx_args)` in ABI 1.1.
+ */
+#define MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_1 56
+
+/**
  * Status of every call; 0 is success. Values never change.
  */
 enum moeplug_status
@@ -155,6 +195,50 @@ enum moeplug_device_type
 typedef enum moeplug_device_type moeplug_device_type;
 #else
 typedef int32_t moeplug_device_type;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Whose kernels `moeplug_prepare_moe` lays the weights out for (`target`, ABI 1.1). Never
+ * guessed: an AITER path is named explicitly (docs/aiter.md).
+ */
+enum moeplug_prep_target
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * moeplug's own kernels (CPU, CUDA): SEPARATED rows, AITER_16x16, AITER_E8M0.
+   */
+  MOEPLUG_PREP_TARGET_MOEPLUG = 0,
+  /**
+   * AITER a4w4 (MXFP4 weights, MXFP4 activations): SEPARATED, shuffle_weight, e8m0_shuffle.
+   */
+  MOEPLUG_PREP_TARGET_AITER_A4W4 = 1,
+  /**
+   * AITER a8w4 (MXFP4 weights, MXFP8 activations): INTERLEAVE, w13 shuffle_weight_a16w4 /
+   * shuffle_scale_a16w4 with gate_up, w2 without.
+   */
+  MOEPLUG_PREP_TARGET_AITER_A8W4 = 2,
+  /**
+   * AITER MXFP8 a8w8: as A8W4 for w13; w2 scale e8m0_shuffle.
+   */
+  MOEPLUG_PREP_TARGET_AITER_MXFP8 = 3,
+  /**
+   * AITER CK/FlyDSL a16w4 (bf16 activations) in the INTERLEAVE pairing (gpt-oss).
+   */
+  MOEPLUG_PREP_TARGET_AITER_A16W4_INTERLEAVE = 4,
+  /**
+   * AITER/triton_kernels Triton a16w4 (bf16 activations): row-interleaved w13 (g0,u0,...),
+   * plain weights, CDNA4-swizzled scales.
+   */
+  MOEPLUG_PREP_TARGET_AITER_TRITON_A16W4 = 5,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_prep_target moeplug_prep_target;
+#else
+typedef int32_t moeplug_prep_target;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -460,19 +544,24 @@ enum moeplug_feature
   MOEPLUG_FEATURE_GRAPH_CAPTURE = (1 << 4),
   MOEPLUG_FEATURE_DEVICE_PREP = (1 << 5),
   /**
+   * Repeat launches with the same inputs give the same output bytes, whatever the thread
+   * count (set only where a test proves it; docs/determinism.md). ABI 1.1.
+   */
+  MOEPLUG_FEATURE_DETERMINISTIC = (1 << 6),
+  /**
    * 1.1: pre-quantized `hidden_states` with `hidden_scale` (fp8 per-token, fp8 1x128,
    * MXFP4, MXFP8 act dtypes; docs/layouts.md "Pre-quantized activations").
    */
-  MOEPLUG_FEATURE_PREQUANTIZED_INPUT = (1 << 6),
+  MOEPLUG_FEATURE_PREQUANTIZED_INPUT = (1 << 7),
   /**
    * 1.1: static per-tensor activation scales `stage1_act_scale` / `stage2_act_scale`
    * (FP8_PER_TENSOR; vLLM's a1_scale / a2_scale).
    */
-  MOEPLUG_FEATURE_STATIC_ACT_SCALE = (1 << 7),
+  MOEPLUG_FEATURE_STATIC_ACT_SCALE = (1 << 8),
   /**
    * 1.1: a `stage2_act_dtype` other than the stage-1 act_dtype.
    */
-  MOEPLUG_FEATURE_STAGE2_ACT_DTYPE = (1 << 8),
+  MOEPLUG_FEATURE_STAGE2_ACT_DTYPE = (1 << 9),
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -494,12 +583,48 @@ enum moeplug_layout_flag
    * The prepared weights come with fp32 biases.
    */
   MOEPLUG_LAYOUT_FLAG_HAS_BIAS = (1 << 0),
+  /**
+   * 1.1: prepared for an AITER kernel path (`moeplug_prepare_moe_args.target` != 0);
+   * moeplug's own launches refuse the record (LAYOUT_MISMATCH).
+   */
+  MOEPLUG_LAYOUT_FLAG_AITER_TARGET = (1 << 1),
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
 typedef enum moeplug_layout_flag moeplug_layout_flag;
 #else
 typedef uint32_t moeplug_layout_flag;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * `moeplug_layout_fragment.has_bias`: what a preparation call established about biases.
+ * ABI 1.1.
+ */
+enum moeplug_fragment_bias
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Not established by this call (every primitive: a padded bias looks like a padded
+   * fp32 scale).
+   */
+  MOEPLUG_FRAGMENT_BIAS_UNKNOWN = 0,
+  /**
+   * The weights come without biases.
+   */
+  MOEPLUG_FRAGMENT_BIAS_ABSENT = 1,
+  /**
+   * The weights come with fp32 biases (`MOEPLUG_LAYOUT_FLAG_HAS_BIAS`).
+   */
+  MOEPLUG_FRAGMENT_BIAS_PRESENT = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum moeplug_fragment_bias moeplug_fragment_bias;
+#else
+typedef int32_t moeplug_fragment_bias;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -573,7 +698,8 @@ typedef struct moeplug_caps {
 /**
  * The layout record: what preparation produced and what the launch checks. Plain data, safe
  * to store next to cached weights. Written by `moeplug_prepare_moe`; engines that prepare
- * with the primitives fill it themselves. Pads are derived from the sizes.
+ * with the primitives assemble it from their fragments (`moeplug_layout_from_fragments`,
+ * 1.1) or fill it themselves. Pads are derived from the sizes.
  */
 typedef struct moeplug_layout {
   uint32_t struct_size;
@@ -632,9 +758,10 @@ typedef struct moeplug_layout {
    */
   uint32_t reserved1;
   /**
-   * 1.1: what preparation produced, sealed by `moeplug_prepare_moe` (docs/abi.md
-   * "Layout fingerprint"); the launch refuses a record that contradicts it with
-   * LAYOUT_MISMATCH naming the field. 0 = none (a record filled by hand; 1.0 behaviour).
+   * 1.1: what preparation produced, sealed by `moeplug_prepare_moe` or
+   * `moeplug_layout_from_fragments` (docs/abi.md §8); the launch refuses a record that
+   * contradicts it with LAYOUT_MISMATCH naming the field. 0 = none (a record filled by
+   * hand; 1.0 behaviour).
    */
   uint64_t prep_fingerprint;
 } moeplug_layout;
@@ -768,6 +895,140 @@ typedef struct moeplug_fused_moe_args {
 } moeplug_fused_moe_args;
 
 /**
+ * What a launch of a configuration will use, resolved once without M
+ * (`moeplug_resolve_config`, ABI 1.1).
+ */
+typedef struct moeplug_resolved_config {
+  uint32_t struct_size;
+  /**
+   * The `moeplug_backend` that answered.
+   */
+  int32_t backend;
+  /**
+   * `moeplug_act_dtype` of the stage-1 and the stage-2 GEMM inputs (never DEFAULT).
+   */
+  int32_t act_dtype;
+  int32_t act_dtype_stage2;
+  /**
+   * `moeplug_activation` (never DEFAULT), with its resolved parameters: `alpha`, and
+   * `limit` (0 = no clamp).
+   */
+  int32_t activation;
+  float alpha;
+  float limit;
+  /**
+   * Reserved: written as zero.
+   */
+  uint32_t reserved0;
+  /**
+   * The record's layouts the kernels read (`moeplug_weight_format`, `moeplug_gate_mode`,
+   * `moeplug_weight_layout`, `moeplug_scale_layout`).
+   */
+  int32_t weight_format;
+  int32_t gate_mode;
+  int32_t weight_layout;
+  int32_t scale_layout;
+} moeplug_resolved_config;
+
+/**
+ * AITER `fused_moe` keyword values for a layout record (`moeplug_aiter_args`, ABI 1.1).
+ * Strings are NUL-terminated spellings of AITER's Python names (docs/aiter.md).
+ */
+typedef struct moeplug_aiter_args_out {
+  uint32_t struct_size;
+  /**
+   * 1: set `is_shuffled = True` on w1 and w2 (`shuffle_weight` layout).
+   */
+  int32_t is_shuffled;
+  /**
+   * 1: the scales are in triton_kernels' CDNA4 swizzle (the Triton a16w4 path).
+   */
+  int32_t scale_swizzled;
+  /**
+   * Reserved: written as zero.
+   */
+  uint32_t reserved0;
+  /**
+   * `hidden_pad`: zero-filled trailing elements of H (values, not bytes).
+   */
+  int64_t hidden_pad;
+  /**
+   * `intermediate_pad`: zero-filled trailing elements per half of I (not doubled, not
+   * rounded: AITER rounds to each kernel's tile itself).
+   */
+  int64_t intermediate_pad;
+  /**
+   * `gate_mode` ("separated", "interleave"; "" for a row order AITER has no gate mode for).
+   */
+  char gate_mode[16];
+  /**
+   * `quant_type`: a `QuantType` member name ("No", "per_Token", "per_1x32", ...).
+   */
+  char quant_type[16];
+  /**
+   * `quant_type_a`: the activations' `QuantType` member name.
+   */
+  char quant_type_a[16];
+  /**
+   * `quant_dtype_a` / `quant_dtype_a2`: `aiter.dtypes` names ("bf16", "fp8", "fp4x2").
+   */
+  char quant_dtype_a[16];
+  char quant_dtype_a2[16];
+  /**
+   * `activation`: an `ActivationType` member name ("Silu", "Gelu", "Swiglu").
+   */
+  char activation[16];
+} moeplug_aiter_args_out;
+
+/**
+ * 1.1: what one preparation call established about the bytes it wrote (docs/abi.md §8,
+ * "Layout fragments"). A primitive writes it through its `out_fragment`;
+ * `moeplug_layout_from_fragments` assembles a sealed record from those of every call that
+ * produced the weights. Every field is 0 where the call established nothing; a caller may
+ * fill one itself for what no primitive can know (an fp8 weight format, biases, the
+ * activation dtype, sizes it did not pad).
+ */
+typedef struct moeplug_layout_fragment {
+  uint32_t struct_size;
+  /**
+   * A `moeplug_weight_format` value, 0 = not established.
+   */
+  int32_t weight_format;
+  /**
+   * A `moeplug_gate_mode` value: the row order of `w13`.
+   */
+  int32_t gate_mode;
+  /**
+   * A `moeplug_weight_layout` value.
+   */
+  int32_t weight_layout;
+  /**
+   * A `moeplug_scale_layout` value.
+   */
+  int32_t scale_layout;
+  /**
+   * A `moeplug_act_dtype` value the weights were prepared for.
+   */
+  int32_t act_dtype;
+  /**
+   * As in `moeplug_layout`; 0 = not established.
+   */
+  int64_t num_experts;
+  int64_t hidden_size;
+  int64_t intermediate_size;
+  int64_t hidden_padded;
+  int64_t intermediate_padded;
+  /**
+   * A `moeplug_fragment_bias` value.
+   */
+  int32_t has_bias;
+  /**
+   * Reserved: written as zero; must be zero when read.
+   */
+  uint32_t reserved0;
+} moeplug_layout_fragment;
+
+/**
  * AITER `shuffle_weight`: `src`, `dst` `[..., N, K]` (K in storage elements: bytes for fp4x2).
  */
 typedef struct moeplug_shuffle_weight_args {
@@ -798,6 +1059,11 @@ typedef struct moeplug_shuffle_weight_args {
    * If > 0, K is zero-padded to a multiple of this first; `dst` has the padded K.
    */
   int64_t pad_k_to;
+  /**
+   * 1.1: where to write what this call established (NULL = nowhere; the caller sets
+   * `struct_size`). Written on success only.
+   */
+  struct moeplug_layout_fragment *out_fragment;
 } moeplug_shuffle_weight_args;
 
 /**
@@ -813,6 +1079,11 @@ typedef struct moeplug_shuffle_scale_args {
   int32_t num_experts;
   int32_t is_guinterleave;
   int32_t gate_up;
+  /**
+   * 1.1: where to write what this call established (NULL = nowhere; the caller sets
+   * `struct_size`). Written on success only.
+   */
+  struct moeplug_layout_fragment *out_fragment;
 } moeplug_shuffle_scale_args;
 
 /**
@@ -830,6 +1101,11 @@ typedef struct moeplug_pad_weights_args {
    * Value of the padding, converted to the element type (0 -> zero bytes).
    */
   double fill;
+  /**
+   * 1.1: where to write what this call established (NULL = nowhere; the caller sets
+   * `struct_size`). Written on success only.
+   */
+  struct moeplug_layout_fragment *out_fragment;
 } moeplug_pad_weights_args;
 
 /**
@@ -843,6 +1119,11 @@ typedef struct moeplug_swizzle_scale_args {
    * A `moeplug_scale_layout` value (0 -> CDNA4_SWIZZLE).
    */
   int32_t layout;
+  /**
+   * 1.1: where to write what this call established (NULL = nowhere; the caller sets
+   * `struct_size`). Written on success only.
+   */
+  struct moeplug_layout_fragment *out_fragment;
 } moeplug_swizzle_scale_args;
 
 /**
@@ -869,6 +1150,11 @@ typedef struct moeplug_quantize_mx_args {
    * Non-zero: write the scales in AITER's e8m0_shuffle layout.
    */
   int32_t shuffle_scale;
+  /**
+   * 1.1: where to write what this call established (NULL = nowhere; the caller sets
+   * `struct_size`). Written on success only.
+   */
+  struct moeplug_layout_fragment *out_fragment;
 } moeplug_quantize_mx_args;
 
 /**
@@ -916,6 +1202,12 @@ typedef struct moeplug_prepare_moe_args {
    * Written on success.
    */
   struct moeplug_layout *out_layout;
+  /**
+   * 1.1: whose kernels the layout is for, a `moeplug_prep_target` value: 0 = moeplug's
+   * own (the 1.0 behaviour), else the AITER kernel path named (docs/aiter.md); never
+   * guessed from M, the arch or the environment.
+   */
+  int32_t target;
 } moeplug_prepare_moe_args;
 
 /**
@@ -1054,14 +1346,53 @@ moeplug_status moeplug_fused_moe_workspace_size(const struct moeplug_fused_moe_a
 moeplug_status moeplug_fused_moe(const struct moeplug_fused_moe_args *args);
 
 /**
+ * The activation dtypes, activation parameters and layouts a launch of `args` on the device
+ * will use, for any M: the launch check of `moeplug_check_fused_moe` (same statuses and
+ * messages; tensors may be NULL, hidden_states only decides DEFAULT for 16-bit weights). A
+ * CUDA or ROCm device whose runtime cannot be loaded is answered from the rules that backend
+ * applies (its capability masks do not depend on the device). Written to `*out` (caller
+ * sets `struct_size`) on success. ABI 1.1.
+ */
+moeplug_status moeplug_resolve_config(int32_t device_type,
+                                      int32_t device_id,
+                                      const struct moeplug_fused_moe_args *args,
+                                      struct moeplug_resolved_config *out);
+
+/**
+ * AITER's `fused_moe` keyword values for `record` (any target, AITER_TARGET or not) running
+ * `activation` (0 → SILU): docs/aiter.md "Arguments". Written to `*out` (caller sets
+ * `struct_size`) on success. ABI 1.1.
+ */
+moeplug_status moeplug_aiter_args(const struct moeplug_layout *record,
+                                  int32_t activation,
+                                  struct moeplug_aiter_args_out *out);
+
+/**
+ * Assemble the layout record of weights prepared with the primitives: `fragments` holds
+ * `num_fragments` (1 to 256) pointers, each to a fragment a primitive wrote through its
+ * `out_fragment` or one the caller filled for what no primitive establishes (an fp8
+ * `weight_format`, biases, `act_dtype`, sizes it did not pad). Two fragments that set a
+ * field differently are INVALID_ARGUMENT naming both (`fragments[2].hidden_padded: 576, but
+ * fragments[0] established 512 ...`); a field a record needs that no fragment sets is
+ * INVALID_ARGUMENT naming it. On success `*out_layout` (caller sets `struct_size`) is the
+ * record, sealed in `prep_fingerprint`: a launch refuses it with LAYOUT_MISMATCH naming the
+ * field once a field is edited. ABI 1.1.
+ */
+moeplug_status moeplug_layout_from_fragments(const struct moeplug_layout_fragment *const *fragments,
+                                             size_t num_fragments,
+                                             struct moeplug_layout *out_layout);
+
+/**
  * AITER `shuffle_weight` (docs/layouts.md F1/F2) from `args->src` into `args->dst`, both
  * `[..., N, K]` (packed fp4 as `{17, 4, 1}` logical or uint8 bytes; K in storage elements
  * for the divisibility rules). `layout_n`/`layout_k` 0 → 16. `dst` has `src`'s shape, with K
  * rounded up to `pad_k_to` when that is > 0 (zero padding). `gate_up` requires
  * `is_guinterleave` (a 3-D `[E, N, K]`). Host tensors run synchronously (`stream` unused);
  * device tensors (all on one device, else INVALID_ARGUMENT) are written by kernels queued on
- * `stream` (NULL = the default stream), byte-identical to the host result. The same holds
- * for every prep call.
+ * `stream` (NULL = the default stream), byte-identical to the host result. With
+ * `out_fragment` (1.1) set, a successful call also writes the layout fragment it
+ * established (docs/abi.md §8), for `moeplug_layout_from_fragments`. The same holds for
+ * every prep call.
  */
 moeplug_status moeplug_shuffle_weight(const struct moeplug_shuffle_weight_args *args, void *stream);
 
@@ -1132,7 +1463,8 @@ moeplug_status moeplug_prepare_moe_sizes(const struct moeplug_prepare_moe_args *
  * reports, the dtypes of their inputs, and not overlap any input. `device_type` 2 (CUDA)
  * gets the same layout (the CUDA fused_moe reads it); all tensors are host memory, or all
  * on one device (then the work is queued on `stream`).
- * `*out_layout` (caller sets `struct_size`) is written on success.
+ * `*out_layout` (caller sets `struct_size`) is written on success. 1.1: `target` names an
+ * AITER kernel path instead (docs/aiter.md): its rows, shuffles, act dtype, host tensors only.
  */
 moeplug_status moeplug_prepare_moe(const struct moeplug_prepare_moe_args *args, void *stream);
 
@@ -1175,6 +1507,9 @@ typedef moeplug_status (*moeplug_get_caps_fn)(int32_t device_type, int32_t devic
 typedef moeplug_status (*moeplug_check_fused_moe_fn)(int32_t device_type, int32_t device_id, const struct moeplug_fused_moe_args *args);
 typedef moeplug_status (*moeplug_fused_moe_workspace_size_fn)(const struct moeplug_fused_moe_args *args, size_t *bytes);
 typedef moeplug_status (*moeplug_fused_moe_fn)(const struct moeplug_fused_moe_args *args);
+typedef moeplug_status (*moeplug_resolve_config_fn)(int32_t device_type, int32_t device_id, const struct moeplug_fused_moe_args *args, struct moeplug_resolved_config *out);
+typedef moeplug_status (*moeplug_aiter_args_fn)(const struct moeplug_layout *record, int32_t activation, struct moeplug_aiter_args_out *out);
+typedef moeplug_status (*moeplug_layout_from_fragments_fn)(const struct moeplug_layout_fragment *const *fragments, size_t num_fragments, struct moeplug_layout *out_layout);
 typedef moeplug_status (*moeplug_shuffle_weight_fn)(const struct moeplug_shuffle_weight_args *args, void *stream);
 typedef moeplug_status (*moeplug_shuffle_scale_fn)(const struct moeplug_shuffle_scale_args *args, void *stream);
 typedef moeplug_status (*moeplug_pad_weights_fn)(const struct moeplug_pad_weights_args *args, void *stream);

@@ -7,6 +7,7 @@
 //   FAMILY_TILE32  mma.sync, 32 rows x 128 weight rows per block: sm_80+ (moe_gemm_tile32.cuh)
 //   FAMILY_STREAM  swap-AB weight streaming for few tokens per expert: sm_80+, fp8 MMA on
 //                  sm_89+ (moe_gemm_stream.cuh)
+//   FAMILY_WGMMA   wgmma on 128-row tiles, cp.async ring: sm_90a (moe_gemm_wgmma.cuh)
 #include "moe_common.cuh"
 
 #if FAMILY == FAMILY_FP32
@@ -15,6 +16,8 @@
 #include "moe_gemm_tile32.cuh"
 #elif FAMILY == FAMILY_STREAM
 #include "moe_gemm_stream.cuh"
+#elif FAMILY == FAMILY_WGMMA
+#include "moe_gemm_wgmma.cuh"
 #else
 #error "unknown FAMILY"
 #endif

@@ -25,7 +25,7 @@
 #define BN2 128              // stage-2 output columns per block
 #if WFMT == WF_BF16 || WFMT == WF_FP16
 #define PACK 8
-#elif WFMT == WF_MXFP4 && WLAYOUT == WL_AITER_16X16 && SLAYOUT == SL_AITER_E8M0
+#elif WFMT == WF_MXFP4  // 16 bytes hold 32 e2m1 codes in every layout
 #define PACK 32
 #else
 #define PACK 16

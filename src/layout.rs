@@ -27,6 +27,9 @@ pub const MAX_SIZE: usize = 1 << 31;
 
 /// `moeplug_layout.flags` bit.
 pub const FLAG_HAS_BIAS: u32 = crate::vocab::moeplug_layout_flag::HasBias as u32;
+/// `moeplug_layout.flags` bit of a record prepared for an AITER kernel path (read by
+/// `capi::moe::read_record`, never part of [`Layout`]).
+pub const FLAG_AITER_TARGET: u32 = crate::vocab::moeplug_layout_flag::AiterTarget as u32;
 
 impl Layout {
     /// Check the record on its own: known enums, positive sizes, pads not negative, a scale
@@ -171,25 +174,18 @@ impl Fragment {
 /// | 6–7   | weight_layout |
 /// | 8–9   | scale_layout |
 /// | 10–13 | act_dtype |
-/// | 14–15 | has_bias (0 = not produced, 1 = no, 2 = yes) |
+/// | 14–15 | has_bias (a `moeplug_fragment_bias` code: 0 = not produced, 1 = no, 2 = yes) |
 /// | 16–55 | 8-bit digests of num_experts, hidden_size, intermediate_size, hidden_padded, intermediate_padded (0 = not produced) |
 /// | 56–59 | zero |
 /// | 60–63 | encoding version, 1 |
 ///
 /// A whole value of zero is "no fingerprint" (a 1.0 record, or one filled by hand).
 pub mod fingerprint {
-    use super::Fragment;
+    use super::{Fragment, SIZE_NAMES};
     use crate::error::{Error, Result};
     use crate::types::{ActDtype, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
     const VERSION: u64 = 1;
-    const SIZE_FIELDS: [&str; 5] = [
-        "num_experts",
-        "hidden_size",
-        "intermediate_size",
-        "hidden_padded",
-        "intermediate_padded",
-    ];
 
     /// 1..=255 for a size (0 marks "not produced"): a changed size goes unnoticed with
     /// probability 1/255.
@@ -202,16 +198,6 @@ pub mod fingerprint {
         1 + z % 255
     }
 
-    fn sizes(f: &Fragment) -> [Option<usize>; 5] {
-        [
-            f.num_experts,
-            f.hidden_size,
-            f.intermediate_size,
-            f.hidden_padded,
-            f.intermediate_padded,
-        ]
-    }
-
     /// The fingerprint of a fragment; 0 only for an empty one.
     pub fn encode(f: &Fragment) -> u64 {
         let e = |v: Option<i32>| v.map_or(0, |v| v as u64);
@@ -220,8 +206,8 @@ pub mod fingerprint {
             | e(f.weight_layout.map(|v| v as i32)) << 6
             | e(f.scale_layout.map(|v| v as i32)) << 8
             | e(f.act_dtype.map(|v| v as i32)) << 10
-            | f.has_bias.map_or(0, |b| 1 + b as u64) << 14;
-        for (i, s) in sizes(f).iter().enumerate() {
+            | (super::bias_code(f.has_bias) as u64) << 14;
+        for (i, s) in f.sizes().iter().enumerate() {
             x |= s.map_or(0, digest) << (16 + 8 * i);
         }
         if x == 0 {
@@ -261,12 +247,7 @@ pub mod fingerprint {
             weight_layout: opt(field(6, 2), |r| WeightLayout::from_raw(name, r))?,
             scale_layout: opt(field(8, 2), |r| ScaleLayout::from_raw(name, r))?,
             act_dtype: opt(field(10, 4), |r| ActDtype::from_raw(name, r))?,
-            has_bias: match field(14, 2) {
-                0 => None,
-                1 => Some(false),
-                2 => Some(true),
-                _ => return Err(bad("has_bias code 3")),
-            },
+            has_bias: super::bias_of_code(field(14, 2)).ok_or_else(|| bad("has_bias code 3"))?,
             ..Fragment::default()
         };
         let mut digests = [0u64; 5];
@@ -329,7 +310,7 @@ pub mod fingerprint {
             Some(false) => "no HAS_BIAS".to_string(),
             None => "none".to_string(),
         })?;
-        for ((name, want), got) in SIZE_FIELDS.iter().zip(digests).zip(sizes(record)) {
+        for ((name, want), got) in SIZE_NAMES.iter().zip(digests).zip(record.sizes()) {
             if want != 0 && got.map(digest) != Some(want) {
                 return Err(Error::mismatch(format!(
                     "layout.{name}: {} differs from the size preparation produced \
@@ -346,40 +327,57 @@ impl Fragment {
     /// Combine what two calls produced; a field both set differently is INVALID_ARGUMENT
     /// naming it (the two calls prepared for different layouts).
     pub fn merge(self, other: Fragment) -> Result<Fragment> {
-        fn one<T: PartialEq + Copy + std::fmt::Debug>(
-            name: &str,
-            a: Option<T>,
-            b: Option<T>,
-        ) -> Result<Option<T>> {
-            match (a, b) {
-                (Some(x), Some(y)) if x != y => Err(Error::invalid(format!(
-                    "layout.{name}: one preparation produced {x:?}, another {y:?}"
-                ))),
-                (Some(x), _) => Ok(Some(x)),
-                (None, y) => Ok(y),
-            }
+        let conflict = self
+            .labels()
+            .into_iter()
+            .zip(other.labels())
+            .find(|((_, a), (_, b))| a.is_some() && b.is_some() && a != b);
+        if let Some(((name, Some(a)), (_, Some(b)))) = conflict {
+            return Err(Error::invalid(format!(
+                "layout.{name}: one preparation produced {a}, another {b}"
+            )));
         }
-        Ok(Fragment {
-            weight_format: one("weight_format", self.weight_format, other.weight_format)?,
-            weight_layout: one("weight_layout", self.weight_layout, other.weight_layout)?,
-            scale_layout: one("scale_layout", self.scale_layout, other.scale_layout)?,
-            gate_mode: one("gate_mode", self.gate_mode, other.gate_mode)?,
-            num_experts: one("num_experts", self.num_experts, other.num_experts)?,
-            hidden_size: one("hidden_size", self.hidden_size, other.hidden_size)?,
-            intermediate_size: one(
-                "intermediate_size",
-                self.intermediate_size,
-                other.intermediate_size,
-            )?,
-            hidden_padded: one("hidden_padded", self.hidden_padded, other.hidden_padded)?,
-            intermediate_padded: one(
-                "intermediate_padded",
-                self.intermediate_padded,
-                other.intermediate_padded,
-            )?,
-            has_bias: one("has_bias", self.has_bias, other.has_bias)?,
-            act_dtype: one("act_dtype", self.act_dtype, other.act_dtype)?,
-        })
+        let or = |a: Fragment, b: Fragment| Fragment {
+            weight_format: a.weight_format.or(b.weight_format),
+            weight_layout: a.weight_layout.or(b.weight_layout),
+            scale_layout: a.scale_layout.or(b.scale_layout),
+            gate_mode: a.gate_mode.or(b.gate_mode),
+            num_experts: a.num_experts.or(b.num_experts),
+            hidden_size: a.hidden_size.or(b.hidden_size),
+            intermediate_size: a.intermediate_size.or(b.intermediate_size),
+            hidden_padded: a.hidden_padded.or(b.hidden_padded),
+            intermediate_padded: a.intermediate_padded.or(b.intermediate_padded),
+            has_bias: a.has_bias.or(b.has_bias),
+            act_dtype: a.act_dtype.or(b.act_dtype),
+        };
+        Ok(or(self, other))
+    }
+
+    /// Every field by its record name, as a message shows it (None = not produced). Labels
+    /// are distinct per value, so two fragments agree on a field exactly when its labels do.
+    fn labels(&self) -> [(&'static str, Option<String>); 11] {
+        fn s<T>(v: Option<T>, f: impl Fn(T) -> String) -> Option<String> {
+            v.map(f)
+        }
+        let n = |v: Option<usize>| s(v, |v| v.to_string());
+        [
+            ("weight_format", s(self.weight_format, |v| v.label().into())),
+            ("gate_mode", s(self.gate_mode, |v| v.label().into())),
+            ("weight_layout", s(self.weight_layout, |v| v.label().into())),
+            ("scale_layout", s(self.scale_layout, |v| v.label().into())),
+            ("act_dtype", s(self.act_dtype, |v| v.label().into())),
+            ("num_experts", n(self.num_experts)),
+            ("hidden_size", n(self.hidden_size)),
+            ("intermediate_size", n(self.intermediate_size)),
+            ("hidden_padded", n(self.hidden_padded)),
+            ("intermediate_padded", n(self.intermediate_padded)),
+            (
+                "has_bias",
+                s(self.has_bias, |b| {
+                    if b { "biases" } else { "no biases" }.into()
+                }),
+            ),
+        ]
     }
 
     /// The fields a record holds (`act_dtype` as recorded, None = any).
@@ -388,6 +386,196 @@ impl Fragment {
             act_dtype,
             ..Fragment::of_layout(l)
         }
+    }
+}
+
+/// `moeplug_fragment_bias` code of a fragment's `has_bias` (the fingerprint's bits 14–15).
+fn bias_code(b: Option<bool>) -> i32 {
+    use crate::vocab::moeplug_fragment_bias as code;
+    match b {
+        None => code::Unknown as i32,
+        Some(false) => code::Absent as i32,
+        Some(true) => code::Present as i32,
+    }
+}
+
+/// The `has_bias` a `moeplug_fragment_bias` code stands for; None for an unknown code.
+fn bias_of_code(c: i32) -> Option<Option<bool>> {
+    (0..3)
+        .map(|b| [None, Some(false), Some(true)][b])
+        .find(|&b| bias_code(b) == c)
+}
+
+/// `moeplug_layout_fragment` as integers: 0 where nothing was established.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawFragment {
+    pub weight_format: i32,
+    pub gate_mode: i32,
+    pub weight_layout: i32,
+    pub scale_layout: i32,
+    pub act_dtype: i32,
+    /// num_experts, hidden_size, intermediate_size, hidden_padded, intermediate_padded.
+    pub sizes: [i64; 5],
+    /// A `moeplug_fragment_bias` code.
+    pub has_bias: i32,
+    pub reserved0: u32,
+}
+
+const SIZE_NAMES: [&str; 5] = [
+    "num_experts",
+    "hidden_size",
+    "intermediate_size",
+    "hidden_padded",
+    "intermediate_padded",
+];
+
+impl Fragment {
+    fn sizes(&self) -> [Option<usize>; 5] {
+        [
+            self.num_experts,
+            self.hidden_size,
+            self.intermediate_size,
+            self.hidden_padded,
+            self.intermediate_padded,
+        ]
+    }
+
+    /// The integers a primitive writes into its `out_fragment`.
+    pub fn to_raw(&self) -> RawFragment {
+        let e = |v: Option<i32>| v.unwrap_or(0);
+        RawFragment {
+            weight_format: e(self.weight_format.map(|v| v as i32)),
+            gate_mode: e(self.gate_mode.map(|v| v as i32)),
+            weight_layout: e(self.weight_layout.map(|v| v as i32)),
+            scale_layout: e(self.scale_layout.map(|v| v as i32)),
+            act_dtype: e(self.act_dtype.map(|v| v as i32)),
+            sizes: self.sizes().map(|v| v.map_or(0, |v| v as i64)),
+            has_bias: bias_code(self.has_bias),
+            reserved0: 0,
+        }
+    }
+
+    /// A fragment passed back by a caller (`name` is how messages call it): known enum
+    /// values, sizes in the ranges a record holds, 0 for "not established".
+    pub fn from_raw(name: &str, r: RawFragment) -> Result<Fragment> {
+        fn opt<T>(raw: i32, parse: impl FnOnce(i32) -> Result<T>) -> Result<Option<T>> {
+            if raw == 0 {
+                Ok(None)
+            } else {
+                parse(raw).map(Some)
+            }
+        }
+        let field = |f: &str| format!("{name}.{f}");
+        let mut sizes = [None; 5];
+        for (i, (&v, f)) in r.sizes.iter().zip(SIZE_NAMES).enumerate() {
+            let (max, spelled) = if i == 0 {
+                (MAX_NUM_EXPERTS as i64, "2^20")
+            } else {
+                (MAX_SIZE as i64, "2^31")
+            };
+            if !(0..=max).contains(&v) {
+                return Err(Error::invalid(format!(
+                    "{}: expected 0 (not established) or 1..={spelled}, got {v}",
+                    field(f)
+                )));
+            }
+            sizes[i] = (v > 0).then_some(v as usize);
+        }
+        let has_bias = bias_of_code(r.has_bias).ok_or_else(|| {
+            Error::invalid(format!(
+                "{}: expected 0 unknown, 1 absent or 2 present, got {}",
+                field("has_bias"),
+                r.has_bias
+            ))
+        })?;
+        if r.reserved0 != 0 {
+            return Err(Error::invalid(format!(
+                "{}: must be zero, got {:#x}",
+                field("reserved0"),
+                r.reserved0
+            )));
+        }
+        Ok(Fragment {
+            weight_format: opt(r.weight_format, |v| {
+                WeightFormat::from_raw(&field("weight_format"), v)
+            })?,
+            gate_mode: opt(r.gate_mode, |v| GateMode::from_raw(&field("gate_mode"), v))?,
+            weight_layout: opt(r.weight_layout, |v| {
+                WeightLayout::from_raw(&field("weight_layout"), v)
+            })?,
+            scale_layout: opt(r.scale_layout, |v| {
+                ScaleLayout::from_raw(&field("scale_layout"), v)
+            })?,
+            act_dtype: opt(r.act_dtype, |v| ActDtype::from_raw(&field("act_dtype"), v))?,
+            num_experts: sizes[0],
+            hidden_size: sizes[1],
+            intermediate_size: sizes[2],
+            hidden_padded: sizes[3],
+            intermediate_padded: sizes[4],
+            has_bias,
+        })
+    }
+
+    /// What the calls of one preparation established together (`parts[i]` is called
+    /// `fragments[i]` in messages). Two fragments that set a field differently are
+    /// INVALID_ARGUMENT naming both: they describe different layouts.
+    pub fn assemble(parts: &[Fragment]) -> Result<Fragment> {
+        let mut first: [Option<(usize, String)>; 11] = Default::default();
+        for (i, p) in parts.iter().enumerate() {
+            for (slot, (name, value)) in first.iter_mut().zip(p.labels()) {
+                let Some(value) = value else { continue };
+                match slot {
+                    Some((j, seen)) if *seen != value => {
+                        return Err(Error::invalid(format!(
+                            "fragments[{i}].{name}: {value}, but fragments[{j}] established \
+                             {seen} (the calls prepared different layouts)"
+                        )))
+                    }
+                    Some(_) => {}
+                    None => *slot = Some((i, value)),
+                }
+            }
+        }
+        parts
+            .iter()
+            .try_fold(Fragment::default(), |acc, p| acc.merge(*p))
+    }
+
+    /// The record these fields make: every field a record needs must have been established
+    /// (`scale_layout` for MX formats only); HAS_BIAS is clear unless established.
+    pub fn record(&self) -> Result<Layout> {
+        fn need<T>(name: &str, v: Option<T>) -> Result<T> {
+            v.ok_or_else(|| {
+                Error::invalid(format!(
+                    "fragments: none establishes {name}, which a record needs (docs/abi.md \
+                     §8 says which call establishes which field; declare the others in a \
+                     fragment of your own)"
+                ))
+            })
+        }
+        let format = need("weight_format", self.weight_format)?;
+        let scale_layout = match self.scale_layout {
+            None if format.is_mx() => need("scale_layout", None::<ScaleLayout>)? as i32,
+            s => s.map_or(0, |s| s as i32),
+        };
+        let mut sizes = [0i64; 5];
+        for ((out, v), name) in sizes.iter_mut().zip(self.sizes()).zip(SIZE_NAMES) {
+            *out = need(name, v)? as i64;
+        }
+        let flags = if self.has_bias == Some(true) {
+            FLAG_HAS_BIAS
+        } else {
+            0
+        };
+        Layout::new(
+            format as i32,
+            need("gate_mode", self.gate_mode)? as i32,
+            need("weight_layout", self.weight_layout)? as i32,
+            scale_layout,
+            sizes[0],
+            [sizes[1], sizes[2], sizes[3], sizes[4]],
+            flags,
+        )
     }
 }
 
@@ -455,5 +643,124 @@ impl PreparedLayout {
             ))),
             _ => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Status;
+
+    fn whole() -> Fragment {
+        Fragment {
+            weight_format: Some(WeightFormat::Mxfp4),
+            weight_layout: Some(WeightLayout::Aiter16x16),
+            scale_layout: Some(ScaleLayout::AiterE8m0),
+            gate_mode: Some(GateMode::Separated),
+            num_experts: Some(8),
+            hidden_size: Some(2880),
+            intermediate_size: Some(2880),
+            hidden_padded: Some(3072),
+            intermediate_padded: Some(3072),
+            has_bias: Some(true),
+            act_dtype: Some(ActDtype::Bf16),
+        }
+    }
+
+    #[test]
+    fn a_fragment_survives_its_c_form() {
+        for f in [whole(), Fragment::default()] {
+            assert_eq!(Fragment::from_raw("f", f.to_raw()).unwrap(), f);
+        }
+        assert_eq!(Fragment::default().to_raw(), RawFragment::default());
+    }
+
+    #[test]
+    fn the_bias_codes_are_the_vocabulary_and_the_fingerprint_bits() {
+        use crate::vocab::moeplug_fragment_bias as code;
+        assert_eq!(bias_code(None), code::Unknown as i32);
+        assert_eq!(bias_code(Some(false)), code::Absent as i32);
+        assert_eq!(bias_code(Some(true)), code::Present as i32);
+        assert_eq!(bias_of_code(3), None);
+        for b in [None, Some(false), Some(true)] {
+            assert_eq!(bias_of_code(bias_code(b)), Some(b));
+            let f = Fragment {
+                has_bias: b,
+                num_experts: Some(1),
+                ..Fragment::default()
+            };
+            let x = fingerprint::encode(&f);
+            assert_eq!((x >> 14) & 3, bias_code(b) as u64);
+            assert_eq!(fingerprint::decode(x).unwrap().0.has_bias, b);
+        }
+    }
+
+    #[test]
+    fn assembly_is_the_merge_of_every_part_and_names_a_conflict() {
+        let w = whole();
+        let parts = [
+            Fragment {
+                weight_format: w.weight_format,
+                scale_layout: w.scale_layout,
+                ..Fragment::default()
+            },
+            Fragment {
+                act_dtype: w.act_dtype,
+                ..w
+            },
+        ];
+        assert_eq!(Fragment::assemble(&parts).unwrap(), w);
+        let mut other = parts[0];
+        other.scale_layout = Some(ScaleLayout::Cdna4Swizzle);
+        let e = Fragment::assemble(&[parts[0], parts[1], other]).unwrap_err();
+        assert_eq!(e.status, Status::InvalidArgument);
+        assert_eq!(
+            e.message,
+            "fragments[2].scale_layout: cdna4_swizzle, but fragments[0] established aiter_e8m0 \
+             (the calls prepared different layouts)"
+        );
+        let e = parts[0].merge(other).unwrap_err();
+        assert_eq!(
+            e.message,
+            "layout.scale_layout: one preparation produced aiter_e8m0, another cdna4_swizzle"
+        );
+    }
+
+    #[test]
+    fn a_record_needs_every_field_but_bias_and_act_dtype() {
+        let l = whole().record().unwrap();
+        assert_eq!(
+            Fragment::of_layout(&l),
+            Fragment {
+                act_dtype: None,
+                ..whole()
+            }
+        );
+        let no_bias = Fragment {
+            has_bias: None,
+            act_dtype: None,
+            ..whole()
+        };
+        assert!(!no_bias.record().unwrap().has_bias);
+        let missing = Fragment {
+            intermediate_padded: None,
+            ..whole()
+        };
+        let e = missing.record().unwrap_err();
+        assert_eq!(e.status, Status::InvalidArgument);
+        assert!(
+            e.message.starts_with(
+                "fragments: none establishes intermediate_padded, which a record needs"
+            ),
+            "{}",
+            e.message
+        );
+        // A format without block scales needs no scale layout.
+        let bf16 = Fragment {
+            weight_format: Some(WeightFormat::Bf16),
+            scale_layout: None,
+            ..whole()
+        };
+        assert_eq!(bf16.record().unwrap().scale_layout, None);
     }
 }

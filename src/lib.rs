@@ -5,6 +5,7 @@
 //! nothing of C; `capi` is the thin surface that validates, converts and maps errors.
 //! `vocab` holds the ABI's numbers (enum values, status codes, flag bits) once, for both.
 
+pub mod aiter;
 pub mod backend;
 pub mod capi;
 pub mod error;

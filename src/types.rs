@@ -123,6 +123,17 @@ abi_enum!(
 );
 
 abi_enum!(
+    /// An AITER kernel path `prepare_moe` can lay weights out for (0 = moeplug's own kernels).
+    AiterTarget = moeplug_prep_target, "target", zero Moeplug {
+        A4w4 = AiterA4w4 => "aiter_a4w4",
+        A8w4 = AiterA8w4 => "aiter_a8w4",
+        Mxfp8 = AiterMxfp8 => "aiter_mxfp8",
+        A16w4Interleave = AiterA16w4Interleave => "aiter_a16w4_interleave",
+        TritonA16w4 = AiterTritonA16w4 => "aiter_triton_a16w4",
+    }
+);
+
+abi_enum!(
     /// Which backend family runs a device.
     BackendKind = moeplug_backend, "backend", zero None {
         Cpu = Cpu => "cpu",
@@ -150,16 +161,18 @@ pub mod feature {
     pub const ROUTER_WEIGHT_ON_INPUT: u32 = F::RouterWeightOnInput as u32;
     pub const GRAPH_CAPTURE: u32 = F::GraphCapture as u32;
     pub const DEVICE_PREP: u32 = F::DevicePrep as u32;
+    pub const DETERMINISTIC: u32 = F::Deterministic as u32;
     pub const PREQUANTIZED_INPUT: u32 = F::PrequantizedInput as u32;
     pub const STATIC_ACT_SCALE: u32 = F::StaticActScale as u32;
     pub const STAGE2_ACT_DTYPE: u32 = F::Stage2ActDtype as u32;
-    pub const NAMES: [(u32, &str); 9] = [
+    pub const NAMES: [(u32, &str); 10] = [
         (BIAS, "bias"),
         (EXPERT_MASK, "expert_mask"),
         (NUM_LOCAL_TOKENS, "num_local_tokens"),
         (ROUTER_WEIGHT_ON_INPUT, "router_weight_on_input"),
         (GRAPH_CAPTURE, "graph_capture"),
         (DEVICE_PREP, "device_prep"),
+        (DETERMINISTIC, "deterministic"),
         (PREQUANTIZED_INPUT, "prequantized_input"),
         (STATIC_ACT_SCALE, "static_act_scale"),
         (STAGE2_ACT_DTYPE, "stage2_act_dtype"),
@@ -174,6 +187,7 @@ pub mod feature {
             F::RouterWeightOnInput => ROUTER_WEIGHT_ON_INPUT,
             F::GraphCapture => GRAPH_CAPTURE,
             F::DevicePrep => DEVICE_PREP,
+            F::Deterministic => DETERMINISTIC,
             F::PrequantizedInput => PREQUANTIZED_INPUT,
             F::StaticActScale => STATIC_ACT_SCALE,
             F::Stage2ActDtype => STAGE2_ACT_DTYPE,

@@ -180,14 +180,17 @@ pub enum moeplug_feature {
     RouterWeightOnInput = 1 << 3,
     GraphCapture = 1 << 4,
     DevicePrep = 1 << 5,
+    /// Repeat launches with the same inputs give the same output bytes, whatever the thread
+    /// count (set only where a test proves it; docs/determinism.md). ABI 1.1.
+    Deterministic = 1 << 6,
     /// 1.1: pre-quantized `hidden_states` with `hidden_scale` (fp8 per-token, fp8 1x128,
     /// MXFP4, MXFP8 act dtypes; docs/layouts.md "Pre-quantized activations").
-    PrequantizedInput = 1 << 6,
+    PrequantizedInput = 1 << 7,
     /// 1.1: static per-tensor activation scales `stage1_act_scale` / `stage2_act_scale`
     /// (FP8_PER_TENSOR; vLLM's a1_scale / a2_scale).
-    StaticActScale = 1 << 7,
+    StaticActScale = 1 << 8,
     /// 1.1: a `stage2_act_dtype` other than the stage-1 act_dtype.
-    Stage2ActDtype = 1 << 8,
+    Stage2ActDtype = 1 << 9,
 }
 
 /// Bits of `moeplug_layout.flags`.
@@ -196,6 +199,44 @@ pub enum moeplug_feature {
 pub enum moeplug_layout_flag {
     /// The prepared weights come with fp32 biases.
     HasBias = 1 << 0,
+    /// 1.1: prepared for an AITER kernel path (`moeplug_prepare_moe_args.target` != 0);
+    /// moeplug's own launches refuse the record (LAYOUT_MISMATCH).
+    AiterTarget = 1 << 1,
+}
+
+/// Whose kernels `moeplug_prepare_moe` lays the weights out for (`target`, ABI 1.1). Never
+/// guessed: an AITER path is named explicitly (docs/aiter.md).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_prep_target {
+    /// moeplug's own kernels (CPU, CUDA): SEPARATED rows, AITER_16x16, AITER_E8M0.
+    Moeplug = 0,
+    /// AITER a4w4 (MXFP4 weights, MXFP4 activations): SEPARATED, shuffle_weight, e8m0_shuffle.
+    AiterA4w4 = 1,
+    /// AITER a8w4 (MXFP4 weights, MXFP8 activations): INTERLEAVE, w13 shuffle_weight_a16w4 /
+    /// shuffle_scale_a16w4 with gate_up, w2 without.
+    AiterA8w4 = 2,
+    /// AITER MXFP8 a8w8: as A8W4 for w13; w2 scale e8m0_shuffle.
+    AiterMxfp8 = 3,
+    /// AITER CK/FlyDSL a16w4 (bf16 activations) in the INTERLEAVE pairing (gpt-oss).
+    AiterA16w4Interleave = 4,
+    /// AITER/triton_kernels Triton a16w4 (bf16 activations): row-interleaved w13 (g0,u0,...),
+    /// plain weights, CDNA4-swizzled scales.
+    AiterTritonA16w4 = 5,
+}
+
+/// `moeplug_layout_fragment.has_bias`: what a preparation call established about biases.
+/// ABI 1.1.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy)]
+pub enum moeplug_fragment_bias {
+    /// Not established by this call (every primitive: a padded bias looks like a padded
+    /// fp32 scale).
+    Unknown = 0,
+    /// The weights come without biases.
+    Absent = 1,
+    /// The weights come with fp32 biases (`MOEPLUG_LAYOUT_FLAG_HAS_BIAS`).
+    Present = 2,
 }
 
 /// Bits of `moeplug_fused_moe_args.flags`.

@@ -210,12 +210,16 @@ const EXPORTS_1_0: [&str; 15] = [
     "moeplug_prepare_moe_sizes",
 ];
 
-/// The additions of ABI 1.1 (threads, log, progress), versioned MOEPLUG_1.1.
-const EXPORTS_1_1: [&str; 4] = [
+/// The additions of ABI 1.1 (threads, log, progress, config resolver, AITER arguments,
+/// layout fragments), versioned MOEPLUG_1.1.
+const EXPORTS_1_1: [&str; 7] = [
     "moeplug_set_num_threads",
     "moeplug_num_threads",
     "moeplug_set_log_callback",
     "moeplug_set_progress_callback",
+    "moeplug_resolve_config",
+    "moeplug_aiter_args",
+    "moeplug_layout_from_fragments",
 ];
 
 /// `name@@MOEPLUG_1.x` for every export of every ABI minor, in the order above.
@@ -401,8 +405,11 @@ fn header_items(header: &str) -> HeaderItems {
             items.enums.push((format!("moeplug_{name}"), constants));
         } else if let Some(rest) = line.strip_prefix("#define ") {
             if let Some((m, _)) = rest.split_once(' ') {
-                if let Some(s) = m.strip_suffix("_SIZE_V1_0") {
-                    items.frozen_sizes.push((s.to_lowercase(), m.to_string()));
+                for version in ["V1_0", "V1_1"] {
+                    if let Some(s) = m.strip_suffix(&format!("_SIZE_{version}")) {
+                        let line = format!("{} {}", version.to_lowercase(), s.to_lowercase());
+                        items.frozen_sizes.push((line, m.to_string()));
+                    }
                 }
             }
         }
@@ -437,7 +444,7 @@ fn header_facts(dir: &std::path::Path) -> Vec<String> {
         }
     }
     for (s, m) in &items.frozen_sizes {
-        src += &format!("  printf(\"v1_0 {s} %lld\\n\", (long long){m});\n");
+        src += &format!("  printf(\"{s} %lld\\n\", (long long){m});\n");
     }
     src += "  return 0;\n}\n";
     std::fs::write(dir.join("probe.c"), src).unwrap();
@@ -495,6 +502,7 @@ fn output_structs_have_no_implicit_padding() {
     for s in [
         "moeplug_caps",
         "moeplug_layout",
+        "moeplug_layout_fragment",
         "moeplug_prepare_moe_sizes_out",
     ] {
         let size: usize = facts

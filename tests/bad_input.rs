@@ -58,6 +58,7 @@ fn shuffle_args(src: &moeplug_tensor, dst: &moeplug_tensor) -> moeplug_shuffle_w
         is_guinterleave: 0,
         gate_up: 0,
         pad_k_to: 0,
+        out_fragment: std::ptr::null_mut(),
     }
 }
 
@@ -604,6 +605,7 @@ fn e8m0_fill_of_2_pow_minus_127_is_code_zero() {
             dst: &td,
             gate_up: 0,
             fill,
+            out_fragment: std::ptr::null_mut(),
         };
         let st = unsafe { moeplug_pad_weights(&a, ptr::null_mut()) };
         assert_eq!(

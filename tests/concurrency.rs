@@ -83,6 +83,7 @@ fn call(kind: usize) -> Outcome {
                 is_guinterleave: 0,
                 gate_up: 0,
                 pad_k_to: 0,
+                out_fragment: std::ptr::null_mut(),
             };
             let (st, m) = result(unsafe { moeplug_shuffle_weight(&a, std::ptr::null_mut()) });
             (st as i32, m, dst)
@@ -108,6 +109,7 @@ fn call(kind: usize) -> Outcome {
                 format: 6,
                 round_mode: 0,
                 shuffle_scale: 0,
+                out_fragment: std::ptr::null_mut(),
             };
             let (st, m) = result(unsafe { moeplug_quantize_mx(&a, std::ptr::null_mut()) });
             q.extend(sc);

@@ -231,6 +231,7 @@ fn prep_arguments() {
                     is_guinterleave: rng.below(2) as i32,
                     gate_up: rng.below(2) as i32,
                     pad_k_to: knob(&mut rng) as i64,
+                    out_fragment: std::ptr::null_mut(),
                 };
                 ok += usize::from(assert_documented("shuffle_weight", unsafe {
                     moeplug_shuffle_weight(&a, ptr::null_mut())
@@ -244,6 +245,7 @@ fn prep_arguments() {
                     num_experts: knob(&mut rng),
                     is_guinterleave: rng.below(2) as i32,
                     gate_up: rng.below(2) as i32,
+                    out_fragment: std::ptr::null_mut(),
                 };
                 ok += usize::from(assert_documented("shuffle_scale", unsafe {
                     moeplug_shuffle_scale(&a, ptr::null_mut())
@@ -256,6 +258,7 @@ fn prep_arguments() {
                     dst: maybe(&mut rng, &d),
                     gate_up: rng.below(2) as i32,
                     fill: rng.pick(&[0.0, 1.0, 0.3, f64::NAN, 1e300]),
+                    out_fragment: std::ptr::null_mut(),
                 };
                 ok += usize::from(assert_documented("pad_weights", unsafe {
                     moeplug_pad_weights(&a, ptr::null_mut())
@@ -267,6 +270,7 @@ fn prep_arguments() {
                     src: maybe(&mut rng, &s),
                     dst: maybe(&mut rng, &d),
                     layout: enum_value(&mut rng),
+                    out_fragment: std::ptr::null_mut(),
                 };
                 ok += usize::from(assert_documented("swizzle_scale", unsafe {
                     moeplug_swizzle_scale(&a, ptr::null_mut())
@@ -281,6 +285,7 @@ fn prep_arguments() {
                     format: enum_value(&mut rng),
                     round_mode: enum_value(&mut rng),
                     shuffle_scale: rng.below(2) as i32,
+                    out_fragment: std::ptr::null_mut(),
                 };
                 ok += usize::from(assert_documented("quantize_mx", unsafe {
                     moeplug_quantize_mx(&a, ptr::null_mut())

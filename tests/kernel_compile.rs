@@ -44,7 +44,7 @@ fn every_selectable_kernel_compiles_without_spills() {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(spec) = specs.get(i) else { break };
-                    let r = cache::compile_check(&rtc, arch, &spec.defines());
+                    let r = cache::compile_check(&rtc, &spec.compile_arch(arch), &spec.defines());
                     results.lock().unwrap().push((i, r));
                 });
             }
@@ -81,6 +81,58 @@ fn every_selectable_kernel_compiles_without_spills() {
         }
     }
     println!("kernel compile check: {compiled} configurations compiled");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// What the self-test before first use compiles on each arch (every family a device may
+/// select and its fallbacks, fp32 included on sm_80+) compiles too, without spills.
+#[test]
+fn the_self_test_configurations_compile() {
+    use moeplug::backend::gpu::{selftest_run, Vendor};
+    let rtc = match driver::load_nvrtc() {
+        Ok(r) => r,
+        Err(e) => {
+            if std::env::var("MOEPLUG_REQUIRE_NVRTC").as_deref() == Ok("1") {
+                panic!("MOEPLUG_REQUIRE_NVRTC=1 but {}", e.message);
+            }
+            eprintln!("self-test compile check SKIPPED: {}", e.message);
+            return;
+        }
+    };
+    let archs =
+        std::env::var("MOEPLUG_COMPILE_CHECK_ARCHS").unwrap_or_else(|_| "sm_80,sm_89,sm_90".into());
+    let mut failures = Vec::new();
+    for arch in archs.split(',') {
+        let specs = selftest_run::tested_specs(Vendor::Cuda, arch);
+        for family in ["fp32", "tile32", "stream"] {
+            assert!(
+                specs.iter().any(|s| s.family.name() == family),
+                "{arch}: the self-test must cover {family}"
+            );
+        }
+        for spec in specs {
+            let what = format!("self-test {arch} {}", spec.family.name());
+            match cache::compile_check(&rtc, &spec.compile_arch(arch), &spec.defines()) {
+                Err(e) => failures.push(format!("{what}: {}", e.message)),
+                Ok(c) => {
+                    let usage = compile_check::parse_ptxas_log(&c.log);
+                    if usage.is_empty() {
+                        failures.push(format!("{what}: no ptxas report in the log"));
+                    }
+                    for k in usage
+                        .iter()
+                        .filter(|k| k.spill_bytes > 0 || k.stack_bytes > 0)
+                    {
+                        failures.push(format!(
+                            "{what}: {} spills {} bytes, {} bytes stack",
+                            k.name, k.spill_bytes, k.stack_bytes
+                        ));
+                    }
+                    println!("compiled {what}");
+                }
+            }
+        }
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

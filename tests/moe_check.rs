@@ -333,7 +333,8 @@ fn caps_report_what_the_tests_prove() {
     assert_eq!(c.activations, 0b11_1110); // SILU..SWIGLU_OAI, GELU_TANH, NONE
     assert_eq!(c.weight_layouts, 0b110);
     assert_eq!(c.scale_layouts, 0b1110);
-    // BIAS, EXPERT_MASK, NUM_LOCAL_TOKENS, ROUTER_WEIGHT_ON_INPUT; PREQUANTIZED_INPUT,
-    // STATIC_ACT_SCALE, STAGE2_ACT_DTYPE (tests/launch_fields.rs, tests/moe_reference.rs)
-    assert_eq!(c.features, 0b1_1100_1111);
+    // BIAS, EXPERT_MASK, NUM_LOCAL_TOKENS, ROUTER_WEIGHT_ON_INPUT, DETERMINISTIC
+    // (tests/determinism.rs); PREQUANTIZED_INPUT, STATIC_ACT_SCALE, STAGE2_ACT_DTYPE
+    // (tests/launch_fields.rs, tests/moe_reference.rs)
+    assert_eq!(c.features, 0b11_1100_1111);
 }

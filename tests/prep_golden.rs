@@ -220,6 +220,7 @@ fn cdna4_swizzle_cases() {
                 src: s.ptr(),
                 dst: d.ptr(),
                 layout,
+                out_fragment: std::ptr::null_mut(),
             };
             ok(unsafe { moeplug_swizzle_scale(&a, std::ptr::null_mut()) });
             assert_bytes(&out, &want.bytes, None, name);
@@ -329,6 +330,7 @@ fn quantize(
         format,
         round_mode: mode,
         shuffle_scale: shuffle as i32,
+        out_fragment: std::ptr::null_mut(),
     };
     ok(unsafe { moeplug_quantize_mx(&a, std::ptr::null_mut()) });
     (q, sc)
@@ -472,6 +474,7 @@ fn prepare_mxfp4(
         out_w2_scale: std::ptr::null(),
         out_w2_bias: std::ptr::null(),
         out_layout: std::ptr::null_mut(),
+        target: 0,
     };
     let mut sizes: moeplug_prepare_moe_sizes_out = unsafe { std::mem::zeroed() };
     sizes.struct_size = std::mem::size_of_val(&sizes) as u32;

@@ -249,6 +249,7 @@ fn prepare_inverse_maps_for_every_gate_mode_and_format() {
         let has_scale = format != WeightFormat::Bf16;
         let spec = PrepareSpec {
             format,
+            target: None,
             gate_mode_in: mode,
             hidden_align: rng.pick(&[0usize, 1, 128]),
             intermediate_align: rng.pick(&[0usize, 1, 96]),
@@ -361,6 +362,7 @@ fn prepare_host_checks_its_buffers() {
     let (e, h, i) = (1usize, 64usize, 32usize);
     let spec = PrepareSpec {
         format: WeightFormat::Mxfp4,
+        target: None,
         gate_mode_in: GateMode::Separated,
         hidden_align: 0,
         intermediate_align: 0,
@@ -436,6 +438,7 @@ fn prepare_fp8_block128_and_per_tensor_scales() {
     let w2 = vec![2u8; e * h * i];
     let spec = PrepareSpec {
         format: WeightFormat::Fp8Block128,
+        target: None,
         gate_mode_in: GateMode::Separated,
         hidden_align: 0,
         intermediate_align: 0,
@@ -633,6 +636,7 @@ fn shuffle_scale_errors() {
             num_experts: e,
             is_guinterleave: gui as i32,
             gate_up: gu as i32,
+            out_fragment: std::ptr::null_mut(),
         };
         unsafe { moeplug_shuffle_scale(&a, std::ptr::null_mut()) }
     };
@@ -700,6 +704,7 @@ fn pad_weights_through_c_and_errors() {
             dst: d.ptr(),
             gate_up: gu as i32,
             fill,
+            out_fragment: std::ptr::null_mut(),
         };
         unsafe { moeplug_pad_weights(&a, std::ptr::null_mut()) }
     };
@@ -788,6 +793,7 @@ fn swizzle_and_quantize_errors() {
         src: s.ptr(),
         dst: d.ptr(),
         layout: 0,
+        out_fragment: std::ptr::null_mut(),
     };
     let call =
         |a: &moeplug_swizzle_scale_args| unsafe { moeplug_swizzle_scale(a, std::ptr::null_mut()) };
@@ -815,6 +821,7 @@ fn swizzle_and_quantize_errors() {
         format: 0,
         round_mode: 0,
         shuffle_scale: 0,
+        out_fragment: std::ptr::null_mut(),
     };
     let qcall =
         |a: &moeplug_quantize_mx_args| unsafe { moeplug_quantize_mx(a, std::ptr::null_mut()) };
@@ -878,6 +885,7 @@ fn prepare_args() -> moeplug_prepare_moe_args {
         out_w2_scale: std::ptr::null(),
         out_w2_bias: std::ptr::null(),
         out_layout: std::ptr::null_mut(),
+        target: 0,
     }
 }
 

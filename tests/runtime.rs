@@ -165,6 +165,7 @@ fn quantize(rows: usize) -> (Vec<u8>, Vec<u8>) {
         format: moeplug_weight_format::Mxfp4 as i32,
         round_mode: 0,
         shuffle_scale: 0,
+        out_fragment: std::ptr::null_mut(),
     };
     ok(unsafe { moeplug_quantize_mx(&args, std::ptr::null_mut()) });
     (q, sc)

@@ -425,6 +425,7 @@ fn shuffle_weight() {
             is_guinterleave: 0,
             gate_up: 0,
             pad_k_to: 0,
+            out_fragment: std::ptr::null_mut(),
         },
         |a, s, d| (a.src, a.dst) = (s, d),
         MOEPLUG_SHUFFLE_WEIGHT_ARGS_SIZE_V1_0,
@@ -446,6 +447,7 @@ fn shuffle_scale() {
             num_experts: 0,
             is_guinterleave: 0,
             gate_up: 0,
+            out_fragment: std::ptr::null_mut(),
         },
         |a, s, d| (a.src, a.dst) = (s, d),
         MOEPLUG_SHUFFLE_SCALE_ARGS_SIZE_V1_0,
@@ -465,6 +467,7 @@ fn pad_weights() {
             dst: ptr::null(),
             gate_up: 1,
             fill: 0.0,
+            out_fragment: std::ptr::null_mut(),
         },
         |a, s, d| (a.src, a.dst) = (s, d),
         MOEPLUG_PAD_WEIGHTS_ARGS_SIZE_V1_0,
@@ -484,6 +487,7 @@ fn swizzle_scale() {
             src: ptr::null(),
             dst: ptr::null(),
             layout: 0,
+            out_fragment: std::ptr::null_mut(),
         },
         |a, s, d| (a.src, a.dst) = (s, d),
         MOEPLUG_SWIZZLE_SCALE_ARGS_SIZE_V1_0,
@@ -501,6 +505,7 @@ fn quantize_mx() {
         format: moeplug_weight_format::Mxfp4 as i32,
         round_mode: 0,
         shuffle_scale: 0,
+        out_fragment: std::ptr::null_mut(),
     };
     input_rule("args", &base, MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_0, |p| {
         let mut q = Buf::filled(4 * 32, &[4, 32], U8);
@@ -813,4 +818,97 @@ fn layout_reserved_is_ignored_on_input() {
         o.produced
     };
     assert_eq!(run(0), run(0xFEFE_FEFE));
+}
+
+/// A primitive's `out_fragment` (ABI 1.1) is an output struct of the same rule, its first
+/// size the 1.1 one.
+#[test]
+fn out_fragment() {
+    let mut src = Buf::new(&bf16_bytes(2 * 16 * 32, 1), &[2, 16, 32], BF16);
+    let reserved = [u32_at(offset_of!(moeplug_layout_fragment, reserved0))];
+    let f = output_rule(
+        "out_fragment",
+        MOEPLUG_LAYOUT_FRAGMENT_SIZE_V1_1,
+        &reserved,
+        None,
+        |out: *mut moeplug_layout_fragment| {
+            let mut d = Buf::filled(2 * 16 * 32 * 2, &[2, 16, 32], BF16);
+            let (sd, dd) = (src.desc(), d.desc());
+            let a = moeplug_shuffle_weight_args {
+                struct_size: size_of::<moeplug_shuffle_weight_args>() as u32,
+                src: &sd,
+                dst: &dd,
+                layout_n: 0,
+                layout_k: 0,
+                use_int4: 0,
+                is_guinterleave: 0,
+                gate_up: 0,
+                pad_k_to: 0,
+                out_fragment: out,
+            };
+            (
+                unsafe { moeplug_shuffle_weight(&a, ptr::null_mut()) },
+                last_error(),
+            )
+        },
+    );
+    assert_eq!(f.weight_layout, moeplug_weight_layout::Aiter_16x16 as i32);
+}
+
+/// A fragment that establishes every field of a bf16 record.
+fn whole_fragment() -> moeplug_layout_fragment {
+    moeplug_layout_fragment {
+        struct_size: size_of::<moeplug_layout_fragment>() as u32,
+        weight_format: moeplug_weight_format::Bf16 as i32,
+        gate_mode: moeplug_gate_mode::Separated as i32,
+        weight_layout: moeplug_weight_layout::Aiter_16x16 as i32,
+        scale_layout: 0,
+        act_dtype: 0,
+        num_experts: E as i64,
+        hidden_size: H as i64,
+        intermediate_size: I as i64,
+        hidden_padded: H as i64,
+        intermediate_padded: I as i64,
+        has_bias: moeplug_fragment_bias::Absent as i32,
+        reserved0: 0,
+    }
+}
+
+/// `moeplug_layout_from_fragments`: each fragment is an input struct (first size 1.1), the
+/// record an output struct.
+#[test]
+fn layout_from_fragments() {
+    let whole = whole_fragment();
+    input_rule(
+        "fragments[0]",
+        &whole,
+        MOEPLUG_LAYOUT_FRAGMENT_SIZE_V1_1,
+        |p| {
+            let mut out = Caller::output(size_of::<moeplug_layout>());
+            let before = out.bytes().to_vec();
+            let parts = [p];
+            let s = unsafe { moeplug_layout_from_fragments(parts.as_ptr(), 1, out.ptr()) };
+            Outcome {
+                status: s,
+                message: last_error(),
+                produced: format!("{:?}", out.read::<moeplug_layout>()),
+                untouched: out.bytes() == &before[..],
+            }
+        },
+    );
+    let parts = [&whole as *const moeplug_layout_fragment];
+    let l = output_rule(
+        "out_layout",
+        MOEPLUG_LAYOUT_SIZE_V1_0,
+        &reserved_layout(0),
+        None,
+        |out| {
+            (
+                unsafe { moeplug_layout_from_fragments(parts.as_ptr(), 1, out) },
+                last_error(),
+            )
+        },
+    );
+    assert_eq!(l.hidden_size, H as i64);
+    assert_ne!(l.prep_fingerprint, 0);
 }

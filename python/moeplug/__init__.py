@@ -161,11 +161,15 @@ def get_caps(device="cpu") -> Caps:
     )
 
 
+from ._aiter import aiter_args, resolve_config  # noqa: E402  (ABI 1.1)
+from ._abi import LayoutFragment  # noqa: E402
 from ._ops import (  # noqa: E402  (the ops need the tables above)
     Prepared,
     check_fused_moe,
+    declare_fragment,
     fused_moe,
     fused_moe_workspace_size,
+    layout_from_fragments,
     pad_weights,
     prepare_moe,
     quantize_mx,
@@ -176,11 +180,16 @@ from ._ops import (  # noqa: E402  (the ops need the tables above)
 from ._runtime import num_threads, set_num_threads, set_progress_callback  # noqa: E402
 
 __all__ += [
+    "aiter_args",
+    "resolve_config",
     "num_threads",
     "set_num_threads",
     "set_progress_callback",
     "Prepared",
+    "LayoutFragment",
     "check_fused_moe",
+    "declare_fragment",
+    "layout_from_fragments",
     "fused_moe",
     "fused_moe_workspace_size",
     "pad_weights",

@@ -1,4 +1,4 @@
-"""ctypes mirror of include/moeplug.h (ABI 1.0) and the library loader.
+"""ctypes mirror of include/moeplug.h (ABI 1.1) and the library loader.
 
 The one Python copy of the header: structs, enum values and flag bits. `C_STRUCTS` and
 `C_ENUMS` name every header struct and enum; tests/abi.rs compares them with the header field
@@ -41,6 +41,15 @@ SCALE_LAYOUTS = {"plain": 1, "aiter_e8m0": 2, "cdna4_swizzle": 3, "cdna4": 3}
 # names when a value is turned back into a name.
 ALIASES = {"cdna4": "cdna4_swizzle"}
 ROUND_MODES = {"down": 1, "up": 2, "even": 3, "ceil": 4}
+# ABI 1.1: whose kernels prepare_moe lays out for (0 = moeplug's own; docs/aiter.md).
+PREP_TARGETS = {
+    "moeplug": 0,
+    "aiter_a4w4": 1,
+    "aiter_a8w4": 2,
+    "aiter_mxfp8": 3,
+    "aiter_a16w4_interleave": 4,
+    "aiter_triton_a16w4": 5,
+}
 LOG_LEVELS = {"error": 1, "warn": 2, "info": 3, "debug": 4}  # ABI 1.1
 BACKENDS = {1: "cpu", 2: "cuda", 3: "hip"}
 DEVICE_TYPES = {"cpu": 1, "cuda": 2, "cuda_host": 3, "rocm": 10, "rocm_host": 11, "cuda_managed": 13}
@@ -61,12 +70,14 @@ FEATURES = {
     "router_weight_on_input": 1 << 3,
     "graph_capture": 1 << 4,
     "device_prep": 1 << 5,
-    # ABI 1.1
-    "prequantized_input": 1 << 6,
-    "static_act_scale": 1 << 7,
-    "stage2_act_dtype": 1 << 8,
+    "deterministic": 1 << 6,  # ABI 1.1
+    # ABI 1.1 launch options
+    "prequantized_input": 1 << 7,
+    "static_act_scale": 1 << 8,
+    "stage2_act_dtype": 1 << 9,
 }
-LAYOUT_FLAGS = {"has_bias": 1 << 0}
+LAYOUT_FLAGS = {"has_bias": 1 << 0, "aiter_target": 1 << 1}
+FRAGMENT_BIAS = {"unknown": 0, "absent": 1, "present": 2}  # ABI 1.1
 MOE_FLAGS = {"router_weight_on_input": 1 << 3}
 STATUS_NAMES = [
     "MOEPLUG_OK",
@@ -135,6 +146,30 @@ class Layout(_Sized):
     ]
 
 
+class LayoutFragment(_Sized):
+    """ABI 1.1: what one preparation call established (0 = nothing); docs/abi.md §8."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("weight_format", c_int32),
+        ("gate_mode", c_int32),
+        ("weight_layout", c_int32),
+        ("scale_layout", c_int32),
+        ("act_dtype", c_int32),
+        ("num_experts", c_int64),
+        ("hidden_size", c_int64),
+        ("intermediate_size", c_int64),
+        ("hidden_padded", c_int64),
+        ("intermediate_padded", c_int64),
+        ("has_bias", c_int32),
+        ("reserved0", c_uint32),
+    ]
+
+
+# ABI 1.1: appended to every primitive's arguments; NULL = no fragment.
+_OUT_FRAGMENT = ("out_fragment", POINTER(LayoutFragment))
+
+
 class Caps(_Sized):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -168,6 +203,7 @@ class ShuffleWeightArgs(_Sized):
         ("is_guinterleave", c_int32),
         ("gate_up", c_int32),
         ("pad_k_to", c_int64),
+        _OUT_FRAGMENT,
     ]
 
 
@@ -179,6 +215,7 @@ class ShuffleScaleArgs(_Sized):
         ("num_experts", c_int32),
         ("is_guinterleave", c_int32),
         ("gate_up", c_int32),
+        _OUT_FRAGMENT,
     ]
 
 
@@ -189,11 +226,12 @@ class PadWeightsArgs(_Sized):
         ("dst", TensorP),
         ("gate_up", c_int32),
         ("fill", c_double),
+        _OUT_FRAGMENT,
     ]
 
 
 class SwizzleScaleArgs(_Sized):
-    _fields_ = [("struct_size", c_uint32), ("src", TensorP), ("dst", TensorP), ("layout", c_int32)]
+    _fields_ = [("struct_size", c_uint32), ("src", TensorP), ("dst", TensorP), ("layout", c_int32), _OUT_FRAGMENT]
 
 
 class QuantizeMxArgs(_Sized):
@@ -205,6 +243,7 @@ class QuantizeMxArgs(_Sized):
         ("format", c_int32),
         ("round_mode", c_int32),
         ("shuffle_scale", c_int32),
+        _OUT_FRAGMENT,
     ]
 
 
@@ -231,6 +270,7 @@ class PrepareMoeArgs(_Sized):
         ("out_w2_scale", TensorP),
         ("out_w2_bias", TensorP),
         ("out_layout", POINTER(Layout)),
+        ("target", c_int32),  # ABI 1.1
     ]
 
 
@@ -245,6 +285,34 @@ class PrepareMoeSizes(_Sized):
         _fields_ += [(_name + "_ndim", c_int32), *_reserved, (_name + "_shape", c_int64 * 4)]
     _fields_ += [(_name + "_bytes", c_uint64) for _name in PREPARED_OUTPUTS]
     _fields_ += [("layout", Layout)]
+
+
+class AiterArgsOut(_Sized):  # ABI 1.1
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("is_shuffled", c_int32),
+        ("scale_swizzled", c_int32),
+        ("reserved0", c_uint32),
+        ("hidden_pad", c_int64),
+        ("intermediate_pad", c_int64),
+    ] + [(name, c_char * 16) for name in ("gate_mode", "quant_type", "quant_type_a", "quant_dtype_a", "quant_dtype_a2", "activation")]
+
+
+class ResolvedConfig(_Sized):  # ABI 1.1
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("backend", c_int32),
+        ("act_dtype", c_int32),
+        ("act_dtype_stage2", c_int32),
+        ("activation", c_int32),
+        ("alpha", c_float),
+        ("limit", c_float),
+        ("reserved0", c_uint32),
+        ("weight_format", c_int32),
+        ("gate_mode", c_int32),
+        ("weight_layout", c_int32),
+        ("scale_layout", c_int32),
+    ]
 
 
 class FusedMoeArgs(_Sized):
@@ -307,6 +375,9 @@ _SIGNATURES_1_1 = {
     "moeplug_num_threads": (c_uint32, []),
     "moeplug_set_log_callback": (_STATUS, [LogCallback, c_void_p]),
     "moeplug_set_progress_callback": (_STATUS, [ProgressCallback, c_void_p]),
+    "moeplug_resolve_config": (_STATUS, [c_int32, c_int32, POINTER(FusedMoeArgs), POINTER(ResolvedConfig)]),
+    "moeplug_aiter_args": (_STATUS, [POINTER(Layout), c_int32, POINTER(AiterArgsOut)]),
+    "moeplug_layout_from_fragments": (_STATUS, [POINTER(POINTER(LayoutFragment)), c_size_t, POINTER(Layout)]),
 }
 
 
@@ -374,6 +445,7 @@ C_STRUCTS = {
     "moeplug_tensor": Tensor,
     "moeplug_caps": Caps,
     "moeplug_layout": Layout,
+    "moeplug_layout_fragment": LayoutFragment,
     "moeplug_fused_moe_args": FusedMoeArgs,
     "moeplug_shuffle_weight_args": ShuffleWeightArgs,
     "moeplug_shuffle_scale_args": ShuffleScaleArgs,
@@ -382,6 +454,8 @@ C_STRUCTS = {
     "moeplug_quantize_mx_args": QuantizeMxArgs,
     "moeplug_prepare_moe_args": PrepareMoeArgs,
     "moeplug_prepare_moe_sizes_out": PrepareMoeSizes,
+    "moeplug_aiter_args_out": AiterArgsOut,
+    "moeplug_resolved_config": ResolvedConfig,
 }
 C_ENUMS = {
     "moeplug_status": {name: i for i, name in enumerate(STATUS_NAMES)},
@@ -395,9 +469,11 @@ C_ENUMS = {
     "moeplug_scale_layout": _constants("MOEPLUG_SCALE_LAYOUT_", SCALE_LAYOUTS, default=True),
     "moeplug_backend": {"MOEPLUG_BACKEND_NONE": 0, **{f"MOEPLUG_BACKEND_{n.upper()}": v for v, n in BACKENDS.items()}},
     "moeplug_round_mode": _constants("MOEPLUG_ROUND_MODE_", ROUND_MODES, default=True),
+    "moeplug_prep_target": _constants("MOEPLUG_PREP_TARGET_", PREP_TARGETS),
     "moeplug_log_level": _constants("MOEPLUG_LOG_LEVEL_", LOG_LEVELS),
     "moeplug_feature": _constants("MOEPLUG_FEATURE_", FEATURES),
     "moeplug_layout_flag": _constants("MOEPLUG_LAYOUT_FLAG_", LAYOUT_FLAGS),
+    "moeplug_fragment_bias": _constants("MOEPLUG_FRAGMENT_BIAS_", FRAGMENT_BIAS),
     "moeplug_moe_flag": _constants("MOEPLUG_MOE_FLAG_", MOE_FLAGS),
 }
 # The frozen 1.0 size of every struct that starts with struct_size (the header's *_SIZE_V1_0).
@@ -413,6 +489,18 @@ SIZES_V1_0 = {
     "moeplug_prepare_moe_args": 136,
     "moeplug_prepare_moe_sizes_out": 352,
 }
+# The 1.1 sizes (the header's *_SIZE_V1_1): a struct new in 1.1 at its first size, and the
+# structs that grew in 1.1.
+SIZES_V1_1 = {
+    "moeplug_aiter_args_out": 128,
+    "moeplug_resolved_config": 48,
+    "moeplug_layout_fragment": 72,
+    "moeplug_shuffle_weight_args": 64,
+    "moeplug_shuffle_scale_args": 48,
+    "moeplug_pad_weights_args": 48,
+    "moeplug_swizzle_scale_args": 40,
+    "moeplug_quantize_mx_args": 56,
+}
 
 
 def describe_mirror() -> list[str]:
@@ -426,6 +514,7 @@ def describe_mirror() -> list[str]:
     for ename, values in C_ENUMS.items():
         for name, v in values.items():
             lines.append(f"enum {ename} {name} {v}")
-    for cname, size in SIZES_V1_0.items():
-        lines.append(f"v1_0 {cname} {size}")
+    for version, sizes in (("v1_0", SIZES_V1_0), ("v1_1", SIZES_V1_1)):
+        for cname, size in sizes.items():
+            lines.append(f"{version} {cname} {size}")
     return lines

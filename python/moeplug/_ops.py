@@ -1,4 +1,7 @@
-"""The prep and fused_moe calls (docs/abi.md §7–§10), one to one with the C functions."""
+"""The prep and fused_moe calls (docs/abi.md §7–§10), one to one with the C functions.
+
+Every prep primitive takes `fragments=`: a list to which a successful call appends the
+layout fragment it established (ABI 1.1, docs/abi.md §8), for `layout_from_fragments`."""
 
 from __future__ import annotations
 
@@ -74,7 +77,24 @@ def _stored(x):
     return d.obj
 
 
-def shuffle_weight(src, *, layout_n=16, layout_k=16, use_int4=False, is_guinterleave=False, gate_up=False, pad_k_to=0, out=None, stream=None):
+def _out_fragment(args, fragments):
+    """Point `args.out_fragment` at a new fragment when the caller collects them (ABI 1.1)."""
+    if fragments is None:
+        return None
+    from ._runtime import _need_1_1
+
+    _need_1_1(_lib(), "moeplug_layout_from_fragments")  # a 1.0 library knows no out_fragment
+    f = _abi.LayoutFragment()
+    args.out_fragment = ctypes.pointer(f)
+    return f
+
+
+def _report(fragments, f):
+    if f is not None:
+        fragments.append(f)
+
+
+def shuffle_weight(src, *, layout_n=16, layout_k=16, use_int4=False, is_guinterleave=False, gate_up=False, pad_k_to=0, out=None, stream=None, fragments=None):
     """AITER shuffle_weight (F1/F2). `src` [..., N, K] in storage elements (fp4: uint8 bytes)."""
     src = _stored(src)
     _dims(src, "shuffle_weight", "src", (2, 3, 4, 5, 6, 7, 8), "[..., N, K] (at least 2 dimensions)")
@@ -84,11 +104,13 @@ def shuffle_weight(src, *, layout_n=16, layout_k=16, use_int4=False, is_guinterl
         out = _empty_like(src, tuple(src.shape[:-1]) + (kp,))
     s, d = describe(src, "src"), describe(out, "dst", writable=True)
     args = _abi.ShuffleWeightArgs(src=ptr(s), dst=ptr(d), layout_n=c_int(layout_n, "layout_n"), layout_k=c_int(layout_k, "layout_k"), use_int4=int(use_int4), is_guinterleave=int(is_guinterleave), gate_up=int(gate_up), pad_k_to=c_int(pad_k_to, "pad_k_to", 64))
+    frag = _out_fragment(args, fragments)
     _check(_lib().moeplug_shuffle_weight(ctypes.byref(args), _stream_of(src, stream)))
+    _report(fragments, frag)
     return out
 
 
-def shuffle_scale(src, *, num_experts=0, is_guinterleave=False, gate_up=False, out=None, stream=None):
+def shuffle_scale(src, *, num_experts=0, is_guinterleave=False, gate_up=False, out=None, stream=None, fragments=None):
     """AITER shuffle_scale / e8m0_shuffle (F3/F4); fp32 scales are copied through."""
     src = as_array(src)
     _dims(src, "shuffle_scale", "src", 2, "[m, n] (2 dimensions)")
@@ -103,11 +125,13 @@ def shuffle_scale(src, *, num_experts=0, is_guinterleave=False, gate_up=False, o
         out = _empty_like(src, shape)
     s, d = describe(src, "src"), describe(out, "dst", writable=True)
     args = _abi.ShuffleScaleArgs(src=ptr(s), dst=ptr(d), num_experts=c_int(num_experts, "num_experts"), is_guinterleave=int(is_guinterleave), gate_up=int(gate_up))
+    frag = _out_fragment(args, fragments)
     _check(_lib().moeplug_shuffle_scale(ctypes.byref(args), _stream_of(src, stream)))
+    _report(fragments, frag)
     return out
 
 
-def pad_weights(src, *, rows, cols=None, gate_up=False, fill=0, out=None, stream=None):
+def pad_weights(src, *, rows, cols=None, gate_up=False, fill=0, out=None, stream=None, fragments=None):
     """Zero padding [E, N, K] -> [E, rows, cols] (or [E, N] biases -> [E, rows])."""
     src = _stored(src)
     _dims(src, "pad_weights", "src", (2, 3), "[E, N, K] or [E, N] (3 or 2 dimensions)")
@@ -116,11 +140,13 @@ def pad_weights(src, *, rows, cols=None, gate_up=False, fill=0, out=None, stream
         out = _empty_like(src, shape)
     s, d = describe(src, "src"), describe(out, "dst", writable=True)
     args = _abi.PadWeightsArgs(src=ptr(s), dst=ptr(d), gate_up=int(gate_up), fill=float(fill))
+    frag = _out_fragment(args, fragments)
     _check(_lib().moeplug_pad_weights(ctypes.byref(args), _stream_of(src, stream)))
+    _report(fragments, frag)
     return out
 
 
-def swizzle_scale(src, *, layout="cdna4", out=None, stream=None):
+def swizzle_scale(src, *, layout="cdna4", out=None, stream=None, fragments=None):
     """[E, N, K/32] e8m0 -> the CDNA4 MX scale layout, memory image [E, ⌈N/32⌉, ⌈K/32/8⌉·8·32]."""
     from . import SCALE_LAYOUTS
 
@@ -131,14 +157,16 @@ def swizzle_scale(src, *, layout="cdna4", out=None, stream=None):
         out = _empty_like(src, (e, _ceil_to(n, 32) // 32, _ceil_to(ks, 8) * 32))
     s, d = describe(src, "src"), describe(out, "dst", writable=True)
     args = _abi.SwizzleScaleArgs(src=ptr(s), dst=ptr(d), layout=_enum(SCALE_LAYOUTS, layout, "layout"))
+    frag = _out_fragment(args, fragments)
     _check(_lib().moeplug_swizzle_scale(ctypes.byref(args), _stream_of(src, stream)))
+    _report(fragments, frag)
     return out
 
 
 _MX_FORMATS = {"mxfp4": (6, None), "mxfp8": (7, "float8_e4m3fn"), "mxfp8_fnuz": (7, "float8_e4m3fnuz")}
 
 
-def quantize_mx(x, *, fmt="mxfp4", round_mode="up", shuffle_scale=False, stream=None):
+def quantize_mx(x, *, fmt="mxfp4", round_mode="up", shuffle_scale=False, stream=None, fragments=None):
     """bf16/fp32 [..., K] -> (q, scale): MXFP4 packed uint8 [..., K/2] or MXFP8 fp8 [..., K];
     e8m0 scales [rows, K/32] (AITER e8m0_shuffle layout when shuffle_scale)."""
     from . import ROUND_MODES
@@ -165,8 +193,50 @@ def quantize_mx(x, *, fmt="mxfp4", round_mode="up", shuffle_scale=False, stream=
     scale = _empty_like(x, sshape, sdtype)
     s, dq, ds = describe(x, "src"), describe(q, "dst_q", writable=True), describe(scale, "dst_scale", writable=True)
     args = _abi.QuantizeMxArgs(src=ptr(s), dst_q=ptr(dq), dst_scale=ptr(ds), format=code, round_mode=_enum(ROUND_MODES, round_mode, "round_mode"), shuffle_scale=int(shuffle_scale))
+    frag = _out_fragment(args, fragments)
     _check(_lib().moeplug_quantize_mx(ctypes.byref(args), _stream_of(x, stream)))
+    _report(fragments, frag)
     return q, scale
+
+
+def declare_fragment(*, weight_format=0, gate_mode=0, weight_layout=0, scale_layout=0, act_dtype=0, num_experts=0, hidden_size=0, intermediate_size=0, hidden_padded=0, intermediate_padded=0, has_bias=None):
+    """A fragment the caller fills for what no primitive establishes (an fp8 weight format,
+    biases, the activation dtype, sizes it did not pad); 0 / None = not established."""
+    from . import SCALE_LAYOUTS
+
+    def e(table, value, what):
+        return 0 if value in (0, None) else _enum(table, value, what)
+
+    return _abi.LayoutFragment(
+        weight_format=e(_abi.WEIGHT_FORMATS, weight_format, "weight_format"),
+        gate_mode=e(_abi.GATE_MODES, gate_mode, "gate_mode"),
+        weight_layout=e(_abi.WEIGHT_LAYOUTS, weight_layout, "weight_layout"),
+        scale_layout=e(SCALE_LAYOUTS, scale_layout, "scale_layout"),
+        act_dtype=e(_abi.ACT_DTYPES, act_dtype, "act_dtype"),
+        num_experts=c_int(num_experts, "num_experts", 64),
+        hidden_size=c_int(hidden_size, "hidden_size", 64),
+        intermediate_size=c_int(intermediate_size, "intermediate_size", 64),
+        hidden_padded=c_int(hidden_padded, "hidden_padded", 64),
+        intermediate_padded=c_int(intermediate_padded, "intermediate_padded", 64),
+        has_bias=_abi.FRAGMENT_BIAS["unknown" if has_bias is None else "present" if has_bias else "absent"],
+    )
+
+
+def layout_from_fragments(fragments) -> _abi.Layout:
+    """The layout record of weights prepared with the primitives, assembled from the fragments
+    they reported (and any `declare_fragment`), sealed so that a launch refuses a hand edit
+    (moeplug_layout_from_fragments, ABI 1.1)."""
+    from ._runtime import _need_1_1
+
+    fn = _need_1_1(_lib(), "moeplug_layout_from_fragments")
+    parts = list(fragments)
+    for i, f in enumerate(parts):
+        if not isinstance(f, _abi.LayoutFragment):
+            raise TypeError(f"layout_from_fragments: fragments[{i}]: expected a LayoutFragment, got {type(f).__name__}")
+    array = (ctypes.POINTER(_abi.LayoutFragment) * max(len(parts), 1))(*[ctypes.pointer(f) for f in parts])
+    layout = _abi.Layout()
+    _check(fn(array, len(parts), ctypes.byref(layout)))
+    return layout
 
 
 @dataclass
@@ -187,10 +257,12 @@ def _prepare_args(w13, w2, weight_format, w13_scale, w2_scale, w13_bias, w2_bias
     from . import ACT_DTYPES, GATE_MODES, WEIGHT_FORMATS, parse_device
 
     dev_type, dev_id = parse_device(device if device is not None else (w13.device if is_torch(w13) else "cpu"))
+    if config.get("target") not in (None, 0, "moeplug") and device is None:
+        dev_type, dev_id = 0, 0  # an AITER target names its kernels (and their device) itself
     ins = {"w13": w13, "w13_scale": w13_scale, "w13_bias": w13_bias, "w2": w2, "w2_scale": w2_scale, "w2_bias": w2_bias}
     described = {k: describe(v, k) for k, v in ins.items()}
     keep.extend(described.values())
-    unknown = set(config) - {"act_dtype", "hidden_align", "intermediate_align"}
+    unknown = set(config) - {"act_dtype", "hidden_align", "intermediate_align", "target"}
     if unknown:
         raise TypeError(f"prepare_moe: unknown keyword(s) {', '.join(sorted(unknown))}")
     args = _abi.PrepareMoeArgs(
@@ -201,6 +273,7 @@ def _prepare_args(w13, w2, weight_format, w13_scale, w2_scale, w13_bias, w2_bias
         act_dtype=_enum(ACT_DTYPES, config.get("act_dtype"), "act_dtype"),
         hidden_align=c_int(config.get("hidden_align", 0), "hidden_align"),
         intermediate_align=c_int(config.get("intermediate_align", 0), "intermediate_align"),
+        target=_enum(_abi.PREP_TARGETS, config.get("target"), "target"),
     )
     for k, d in described.items():
         setattr(args, k, ptr(d))
@@ -324,7 +397,16 @@ def _byte_dtype(ref):
 
 def check_fused_moe(prepared_or_layout, *, device="cpu", activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, bias=None, expert_mask=False, num_local_tokens=False):
     """Raise MoeplugError(UNSUPPORTED, reason) unless `device` can run this configuration."""
-    from . import ACT_DTYPES, ACTIVATIONS, parse_device
+    from . import parse_device
+
+    args, _keep = config_args(prepared_or_layout, activation, alpha, limit, act_dtype, router_weight_on_input, expert_mask, num_local_tokens)
+    dev_type, dev_id = parse_device(device)
+    _check(_lib().moeplug_check_fused_moe(c_int(dev_type, "device_type"), c_int(dev_id, "device_id"), ctypes.byref(args)))
+
+
+def config_args(prepared_or_layout, activation, alpha, limit, act_dtype, router_weight_on_input, expert_mask, num_local_tokens):
+    """A launch's configuration without tensors (and what it points to, to keep alive)."""
+    from . import ACT_DTYPES, ACTIVATIONS
 
     layout = prepared_or_layout.layout if isinstance(prepared_or_layout, Prepared) else prepared_or_layout
     dummy = _abi.Tensor()  # only presence matters for the check
@@ -340,5 +422,4 @@ def check_fused_moe(prepared_or_layout, *, device="cpu", activation="silu", alph
         args.expert_mask = ctypes.pointer(dummy)
     if num_local_tokens:
         args.num_local_tokens = ctypes.pointer(dummy)
-    dev_type, dev_id = parse_device(device)
-    _check(_lib().moeplug_check_fused_moe(c_int(dev_type, "device_type"), c_int(dev_id, "device_id"), ctypes.byref(args)))
+    return args, (layout, dummy)

@@ -144,6 +144,30 @@ pub fn for_device(device: DeviceKind, device_id: i32) -> Result<Arc<dyn Backend>
     }
 }
 
+/// The configuration check of `device`'s backend (`moeplug_resolve_config`). A CUDA or ROCm
+/// device whose runtime cannot be loaded (BACKEND_UNAVAILABLE) is answered with the rules
+/// its backend applies: `GpuBackend::check` is the vendor's caps (arch-independent) and the
+/// record check.
+pub fn check_offline(device: DeviceKind, device_id: i32, c: &MoeConfig) -> Result<BackendKind> {
+    let vendor = match device {
+        DeviceKind::Cuda | DeviceKind::CudaManaged => Some(gpu::Vendor::Cuda),
+        DeviceKind::Rocm => Some(gpu::Vendor::Hip),
+        _ => None,
+    };
+    match (for_device(device, device_id), vendor) {
+        (Ok(b), _) => {
+            b.check(c)?;
+            Ok(b.kind())
+        }
+        (Err(e), Some(v)) if e.status == crate::error::Status::BackendUnavailable => {
+            check_against_caps(&gpu::vendor_caps(v, "", ""), c)?;
+            crate::moe::check::check_record(&c.layout)?;
+            Ok(v.backend_kind())
+        }
+        (Err(e), _) => Err(e),
+    }
+}
+
 fn require(mask: u32, bit: u32, what: &str, label: &str, backend: &Caps) -> Result<()> {
     if mask & bit == 0 {
         return Err(Error::unsupported(format!(

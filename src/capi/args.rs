@@ -27,16 +27,20 @@ pub fn non_null<T>(ptr: *const T, name: &str) -> Result<*const T> {
 pub unsafe trait Extensible: Copy {
     /// The C name, for messages.
     const NAME: &'static str;
-    /// The size of the 1.0 struct: the smallest `struct_size` a caller may pass.
-    const SIZE_V1_0: u32;
+    /// The size of the struct in the ABI version that introduced it (1.0 for most): the
+    /// smallest `struct_size` a caller may pass.
+    const MIN_SIZE: u32;
+    /// That version, for messages.
+    const SINCE: &'static str = "1.0";
 }
 
 macro_rules! extensible {
-    ($($t:ident = $v1:ident),+ $(,)?) => {
+    ($($t:ident = $v1:ident $(since $since:literal)?),+ $(,)?) => {
         $(
             unsafe impl Extensible for $t {
                 const NAME: &'static str = stringify!($t);
-                const SIZE_V1_0: u32 = $v1;
+                const MIN_SIZE: u32 = $v1;
+                $(const SINCE: &'static str = $since;)?
             }
             // A frozen size can never exceed the struct it describes.
             const _: () = assert!($v1 as usize <= size_of::<$t>());
@@ -55,6 +59,28 @@ extensible!(
     moeplug_quantize_mx_args = MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_0,
     moeplug_prepare_moe_args = MOEPLUG_PREPARE_MOE_ARGS_SIZE_V1_0,
     moeplug_prepare_moe_sizes_out = MOEPLUG_PREPARE_MOE_SIZES_OUT_SIZE_V1_0,
+    // New in 1.1: the smallest size is the 1.1 one.
+    moeplug_aiter_args_out = MOEPLUG_AITER_ARGS_OUT_SIZE_V1_1 since "1.1",
+    moeplug_resolved_config = MOEPLUG_RESOLVED_CONFIG_SIZE_V1_1 since "1.1",
+    moeplug_layout_fragment = MOEPLUG_LAYOUT_FRAGMENT_SIZE_V1_1 since "1.1",
+);
+
+// `out_fragment` (1.1) is appended at the 1.0 size of each primitive's arguments, and ends
+// at the 1.1 size: a 1.0 caller's struct reads it as NULL.
+macro_rules! appended_at_v1_0 {
+    ($($t:ident: $v1_0:ident, $v1_1:ident;)+) => {
+        $(
+            const _: () = assert!(std::mem::offset_of!($t, out_fragment) == $v1_0 as usize);
+            const _: () = assert!(size_of::<$t>() == $v1_1 as usize);
+        )+
+    };
+}
+appended_at_v1_0!(
+    moeplug_shuffle_weight_args: MOEPLUG_SHUFFLE_WEIGHT_ARGS_SIZE_V1_0, MOEPLUG_SHUFFLE_WEIGHT_ARGS_SIZE_V1_1;
+    moeplug_shuffle_scale_args: MOEPLUG_SHUFFLE_SCALE_ARGS_SIZE_V1_0, MOEPLUG_SHUFFLE_SCALE_ARGS_SIZE_V1_1;
+    moeplug_pad_weights_args: MOEPLUG_PAD_WEIGHTS_ARGS_SIZE_V1_0, MOEPLUG_PAD_WEIGHTS_ARGS_SIZE_V1_1;
+    moeplug_swizzle_scale_args: MOEPLUG_SWIZZLE_SCALE_ARGS_SIZE_V1_0, MOEPLUG_SWIZZLE_SCALE_ARGS_SIZE_V1_1;
+    moeplug_quantize_mx_args: MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_0, MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_1;
 );
 
 /// The caller's `struct_size`, refused below the 1.0 size.
@@ -63,10 +89,11 @@ extensible!(
 /// `ptr` is non-NULL and points to at least 4 readable bytes.
 unsafe fn caller_size<T: Extensible>(ptr: *const T, name: &str) -> Result<usize> {
     let size = std::ptr::read_unaligned(ptr as *const u32);
-    if size < T::SIZE_V1_0 {
+    if size < T::MIN_SIZE {
         return Err(Error::invalid(format!(
-            "{name}.struct_size: expected at least {} (the 1.0 size of {}), got {size}",
-            T::SIZE_V1_0,
+            "{name}.struct_size: expected at least {} (the {} size of {}), got {size}",
+            T::MIN_SIZE,
+            T::SINCE,
             T::NAME
         )));
     }
@@ -163,6 +190,11 @@ output!(
         hidden_size, intermediate_size, hidden_padded, intermediate_padded, flags, reserved0,
         act_dtype, reserved1, prep_fingerprint,
     }
+    moeplug_layout_fragment {
+        struct_size, weight_format, gate_mode, weight_layout, scale_layout, act_dtype,
+        num_experts, hidden_size, intermediate_size, hidden_padded, intermediate_padded,
+        has_bias, reserved0,
+    }
     moeplug_prepare_moe_sizes_out {
         struct_size,
         w13_ndim, w13_shape,
@@ -173,6 +205,14 @@ output!(
         w2_bias_ndim, reserved4, w2_bias_shape,
         w13_bytes, w13_scale_bytes, w13_bias_bytes, w2_bytes, w2_scale_bytes, w2_bias_bytes,
         layout,
+    }
+    moeplug_aiter_args_out {
+        struct_size, is_shuffled, scale_swizzled, reserved0, hidden_pad, intermediate_pad,
+        gate_mode, quant_type, quant_type_a, quant_dtype_a, quant_dtype_a2, activation,
+    }
+    moeplug_resolved_config {
+        struct_size, backend, act_dtype, act_dtype_stage2, activation, alpha, limit,
+        reserved0, weight_format, gate_mode, weight_layout, scale_layout,
     }
 );
 
@@ -323,7 +363,7 @@ mod tests {
     }
     unsafe impl Extensible for Grown {
         const NAME: &'static str = "grown";
-        const SIZE_V1_0: u32 = 8;
+        const MIN_SIZE: u32 = 8;
     }
     output!(Grown {
         struct_size,

@@ -8,6 +8,10 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod args;
+mod dispatch;
+pub use self::dispatch::*;
+mod fragment;
+pub use self::fragment::*;
 mod moe;
 pub mod panic;
 mod prep;

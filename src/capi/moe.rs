@@ -6,7 +6,7 @@ use super::args::{enum_or, optional_tensor, read_struct, tensor};
 use super::types::{moeplug_fused_moe_args, moeplug_layout, moeplug_moe_flag};
 use crate::backend::{self, Backend};
 use crate::error::{Error, Result};
-use crate::layout::{Layout, PreparedLayout};
+use crate::layout::{Layout, PreparedLayout, FLAG_AITER_TARGET};
 use crate::moe::check::{check_config, check_launch, check_record};
 use crate::moe::{MoeConfig, MoeLaunch};
 use crate::tensor::ElemType;
@@ -15,10 +15,32 @@ use crate::types::{ActDtype, Activation};
 /// `moeplug_fused_moe_args.flags` bit.
 pub(crate) const FLAG_ROUTER_WEIGHT_ON_INPUT: u32 = moeplug_moe_flag::RouterWeightOnInput as u32;
 
+/// A record for moeplug's launches: one prepared for an AITER kernel path is refused.
+///
 /// # Safety
 /// `ptr` is NULL or a readable `moeplug_layout` of `struct_size` bytes.
 pub unsafe fn read_layout(ptr: *const moeplug_layout, name: &str) -> Result<PreparedLayout> {
+    let (prepared, aiter) = read_record(ptr, name)?;
+    if aiter {
+        return Err(Error::mismatch(format!(
+            "{name}.flags: AITER_TARGET: these weights were prepared for an AITER kernel path \
+             (prepare_moe target), whose layout moeplug's kernels do not read; prepare them \
+             with target 0"
+        )));
+    }
+    Ok(prepared)
+}
+
+/// A record of any target, and whether it was prepared for an AITER kernel path.
+///
+/// # Safety
+/// As [`read_layout`].
+pub unsafe fn read_record(
+    ptr: *const moeplug_layout,
+    name: &str,
+) -> Result<(PreparedLayout, bool)> {
     let l = read_struct(ptr, name)?;
+    let aiter = l.flags & FLAG_AITER_TARGET != 0;
     let layout = Layout::new(
         l.weight_format,
         l.gate_mode,
@@ -31,9 +53,10 @@ pub unsafe fn read_layout(ptr: *const moeplug_layout, name: &str) -> Result<Prep
             l.hidden_padded,
             l.intermediate_padded,
         ],
-        l.flags,
+        l.flags & !FLAG_AITER_TARGET,
     )?;
-    PreparedLayout::new(layout, l.act_dtype, l.reserved1, l.prep_fingerprint)
+    let prepared = PreparedLayout::new(layout, l.act_dtype, l.reserved1, l.prep_fingerprint)?;
+    Ok((prepared, aiter))
 }
 
 /// Which optional inputs a launch passes (non-NULL pointers), for the configuration.

@@ -7,11 +7,12 @@
 use super::args::{
     enum_or, flag, optional_tensor, out_struct_size, read_struct, tensor, write_struct,
 };
+use super::fragment::OutFragment;
 use super::panic::{guard, symver};
 use super::status;
 use super::types::*;
 use crate::error::{Error, Result};
-use crate::layout::{fingerprint, Fragment, Layout};
+use crate::layout::{fingerprint, Fragment, Layout, FLAG_AITER_TARGET};
 use crate::prep::request::{
     self, PadWeights, PrepareMoe, PrepareTarget, PrepareTargetArgs, QuantizeMx, ShuffleScale,
     ShuffleWeight, SwizzleScale,
@@ -25,8 +26,10 @@ use crate::types::{RoundMode, ScaleLayout, WeightFormat};
 /// rounded up to `pad_k_to` when that is > 0 (zero padding). `gate_up` requires
 /// `is_guinterleave` (a 3-D `[E, N, K]`). Host tensors run synchronously (`stream` unused);
 /// device tensors (all on one device, else INVALID_ARGUMENT) are written by kernels queued on
-/// `stream` (NULL = the default stream), byte-identical to the host result. The same holds
-/// for every prep call.
+/// `stream` (NULL = the default stream), byte-identical to the host result. With
+/// `out_fragment` (1.1) set, a successful call also writes the layout fragment it
+/// established (docs/abi.md §8), for `moeplug_layout_from_fragments`. The same holds for
+/// every prep call.
 #[no_mangle]
 pub unsafe extern "C" fn moeplug_shuffle_weight(
     args: *const moeplug_shuffle_weight_args,
@@ -34,6 +37,7 @@ pub unsafe extern "C" fn moeplug_shuffle_weight(
 ) -> moeplug_status {
     status(guard("moeplug_shuffle_weight", || {
         let a = read_struct(args, "args")?;
+        let fragment = OutFragment::new(a.out_fragment)?;
         let job = ShuffleWeight {
             src: tensor(a.src, "src")?,
             dst: tensor(a.dst, "dst")?,
@@ -45,7 +49,9 @@ pub unsafe extern "C" fn moeplug_shuffle_weight(
             pad_k_to: a.pad_k_to,
         }
         .plan()?;
-        job.run(stream)
+        job.run(stream)?;
+        fragment.write(&job.fragment);
+        Ok(())
     }))
 }
 
@@ -63,6 +69,7 @@ pub unsafe extern "C" fn moeplug_shuffle_scale(
 ) -> moeplug_status {
     status(guard("moeplug_shuffle_scale", || {
         let a = read_struct(args, "args")?;
+        let fragment = OutFragment::new(a.out_fragment)?;
         let job = ShuffleScale {
             src: tensor(a.src, "src")?,
             dst: tensor(a.dst, "dst")?,
@@ -71,7 +78,9 @@ pub unsafe extern "C" fn moeplug_shuffle_scale(
             gate_up: flag(a.gate_up),
         }
         .plan()?;
-        job.run(stream)
+        job.run(stream)?;
+        fragment.write(&job.fragment);
+        Ok(())
     }))
 }
 
@@ -87,6 +96,7 @@ pub unsafe extern "C" fn moeplug_pad_weights(
 ) -> moeplug_status {
     status(guard("moeplug_pad_weights", || {
         let a = read_struct(args, "args")?;
+        let fragment = OutFragment::new(a.out_fragment)?;
         let job = PadWeights {
             src: tensor(a.src, "src")?,
             dst: tensor(a.dst, "dst")?,
@@ -94,7 +104,9 @@ pub unsafe extern "C" fn moeplug_pad_weights(
             fill: a.fill,
         }
         .plan()?;
-        job.run(stream)
+        job.run(stream)?;
+        fragment.write(&job.fragment);
+        Ok(())
     }))
 }
 
@@ -110,6 +122,7 @@ pub unsafe extern "C" fn moeplug_swizzle_scale(
 ) -> moeplug_status {
     status(guard("moeplug_swizzle_scale", || {
         let a = read_struct(args, "args")?;
+        let fragment = OutFragment::new(a.out_fragment)?;
         let layout = enum_or(a.layout, ScaleLayout::Cdna4Swizzle, |r| {
             ScaleLayout::from_raw("layout", r)
         })?;
@@ -119,7 +132,9 @@ pub unsafe extern "C" fn moeplug_swizzle_scale(
             layout,
         }
         .plan()?;
-        job.run(stream)
+        job.run(stream)?;
+        fragment.write(&job.fragment);
+        Ok(())
     }))
 }
 
@@ -139,6 +154,7 @@ pub unsafe extern "C" fn moeplug_quantize_mx(
 ) -> moeplug_status {
     status(guard("moeplug_quantize_mx", || {
         let a = read_struct(args, "args")?;
+        let fragment = OutFragment::new(a.out_fragment)?;
         let format = enum_or(a.format, WeightFormat::Mxfp4, |r| {
             WeightFormat::from_raw("format", r)
         })?;
@@ -158,7 +174,9 @@ pub unsafe extern "C" fn moeplug_quantize_mx(
             shuffle_scale: flag(a.shuffle_scale),
         }
         .plan()?;
-        job.run_reporting(stream, "moeplug_quantize_mx", written)
+        job.run_reporting(stream, "moeplug_quantize_mx", written)?;
+        fragment.write(&job.fragment);
+        Ok(())
     }))
 }
 
@@ -190,6 +208,7 @@ unsafe fn read_prepare(
         act_dtype: a.act_dtype,
         hidden_align: a.hidden_align,
         intermediate_align: a.intermediate_align,
+        target: a.target,
     })?;
     let need = |t: Option<Tensor>, name: &str| {
         t.ok_or_else(|| Error::invalid(format!("{name}: must not be NULL")))
@@ -205,7 +224,8 @@ unsafe fn read_prepare(
     })
 }
 
-fn layout_record(l: &Layout, fragment: &Fragment) -> moeplug_layout {
+/// The record of a preparation; `aiter` marks one laid out for an AITER kernel path.
+pub(super) fn layout_record(l: &Layout, fragment: &Fragment, aiter: bool) -> moeplug_layout {
     moeplug_layout {
         struct_size: std::mem::size_of::<moeplug_layout>() as u32,
         weight_format: l.weight_format as i32,
@@ -217,7 +237,7 @@ fn layout_record(l: &Layout, fragment: &Fragment) -> moeplug_layout {
         intermediate_size: l.intermediate_size as i64,
         hidden_padded: l.hidden_padded as i64,
         intermediate_padded: l.intermediate_padded as i64,
-        flags: l.flags(),
+        flags: l.flags() | if aiter { FLAG_AITER_TARGET } else { 0 },
         reserved0: 0,
         act_dtype: fragment.act_dtype.map_or(0, |a| a as i32),
         reserved1: 0,
@@ -263,7 +283,8 @@ pub unsafe extern "C" fn moeplug_prepare_moe_sizes(
         let (w2_bias_ndim, w2_bias_shape) = shape4(p.w2_bias.as_ref());
         // The nested record is as long as the caller's struct leaves room for (a 1.0 caller:
         // the 1.0 record).
-        let mut layout = layout_record(&p.layout, &req.fragment(p));
+        let aiter = req.target.target.is_some();
+        let mut layout = layout_record(&p.layout, &req.fragment(p), aiter);
         let room = size - std::mem::offset_of!(moeplug_prepare_moe_sizes_out, layout);
         layout.struct_size = room.min(std::mem::size_of::<moeplug_layout>()) as u32;
         let sizes = moeplug_prepare_moe_sizes_out {
@@ -311,7 +332,8 @@ pub unsafe extern "C" fn moeplug_prepare_moe_sizes(
 /// reports, the dtypes of their inputs, and not overlap any input. `device_type` 2 (CUDA)
 /// gets the same layout (the CUDA fused_moe reads it); all tensors are host memory, or all
 /// on one device (then the work is queued on `stream`).
-/// `*out_layout` (caller sets `struct_size`) is written on success.
+/// `*out_layout` (caller sets `struct_size`) is written on success. 1.1: `target` names an
+/// AITER kernel path instead (docs/aiter.md): its rows, shuffles, act dtype, host tensors only.
 #[no_mangle]
 pub unsafe extern "C" fn moeplug_prepare_moe(
     args: *const moeplug_prepare_moe_args,
@@ -330,11 +352,12 @@ pub unsafe extern "C" fn moeplug_prepare_moe(
             optional_tensor(a.out_w2_bias, "out_w2_bias")?,
         ];
         let written: usize = outputs.iter().flatten().map(|o| o.nbytes()).sum();
+        let aiter = req.target.target.is_some();
         let (job, layout) = req.job(outputs)?;
         job.run_reporting(stream, "moeplug_prepare_moe", written as u64)?;
         write_struct(
             a.out_layout,
-            &layout_record(&layout, &job.fragment),
+            &layout_record(&layout, &job.fragment, aiter),
             layout_size,
         );
         Ok(())

@@ -32,6 +32,27 @@ pub const MOEPLUG_PREPARE_MOE_ARGS_SIZE_V1_0: u32 = 136;
 /// `sizeof(moeplug_prepare_moe_sizes_out)` in ABI 1.0.
 pub const MOEPLUG_PREPARE_MOE_SIZES_OUT_SIZE_V1_0: u32 = 352;
 
+// Sizes of the 1.1 structs as released in 1.1 (for the structs new in 1.1 -- the AITER
+// arguments, the resolved config, the layout fragment -- the smallest `struct_size` each
+// call accepts; the others are the argument structs with `out_fragment` appended).
+
+/// `sizeof(moeplug_aiter_args_out)` in ABI 1.1, its first version (the smallest accepted).
+pub const MOEPLUG_AITER_ARGS_OUT_SIZE_V1_1: u32 = 128;
+/// `sizeof(moeplug_resolved_config)` in ABI 1.1, its first version (the smallest accepted).
+pub const MOEPLUG_RESOLVED_CONFIG_SIZE_V1_1: u32 = 48;
+/// `sizeof(moeplug_layout_fragment)` in ABI 1.1, where it first appeared.
+pub const MOEPLUG_LAYOUT_FRAGMENT_SIZE_V1_1: u32 = 72;
+/// `sizeof(moeplug_shuffle_weight_args)` in ABI 1.1.
+pub const MOEPLUG_SHUFFLE_WEIGHT_ARGS_SIZE_V1_1: u32 = 64;
+/// `sizeof(moeplug_shuffle_scale_args)` in ABI 1.1.
+pub const MOEPLUG_SHUFFLE_SCALE_ARGS_SIZE_V1_1: u32 = 48;
+/// `sizeof(moeplug_pad_weights_args)` in ABI 1.1.
+pub const MOEPLUG_PAD_WEIGHTS_ARGS_SIZE_V1_1: u32 = 48;
+/// `sizeof(moeplug_swizzle_scale_args)` in ABI 1.1.
+pub const MOEPLUG_SWIZZLE_SCALE_ARGS_SIZE_V1_1: u32 = 40;
+/// `sizeof(moeplug_quantize_mx_args)` in ABI 1.1.
+pub const MOEPLUG_QUANTIZE_MX_ARGS_SIZE_V1_1: u32 = 56;
+
 /// DLPack `DLDevice`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -90,7 +111,8 @@ impl moeplug_tensor {
 
 /// The layout record: what preparation produced and what the launch checks. Plain data, safe
 /// to store next to cached weights. Written by `moeplug_prepare_moe`; engines that prepare
-/// with the primitives fill it themselves. Pads are derived from the sizes.
+/// with the primitives assemble it from their fragments (`moeplug_layout_from_fragments`,
+/// 1.1) or fill it themselves. Pads are derived from the sizes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct moeplug_layout {
@@ -123,10 +145,43 @@ pub struct moeplug_layout {
     pub act_dtype: i32,
     /// Reserved: written as zero; must be zero when read.
     pub reserved1: u32,
-    /// 1.1: what preparation produced, sealed by `moeplug_prepare_moe` (docs/abi.md
-    /// "Layout fingerprint"); the launch refuses a record that contradicts it with
-    /// LAYOUT_MISMATCH naming the field. 0 = none (a record filled by hand; 1.0 behaviour).
+    /// 1.1: what preparation produced, sealed by `moeplug_prepare_moe` or
+    /// `moeplug_layout_from_fragments` (docs/abi.md §8); the launch refuses a record that
+    /// contradicts it with LAYOUT_MISMATCH naming the field. 0 = none (a record filled by
+    /// hand; 1.0 behaviour).
     pub prep_fingerprint: u64,
+}
+
+/// 1.1: what one preparation call established about the bytes it wrote (docs/abi.md §8,
+/// "Layout fragments"). A primitive writes it through its `out_fragment`;
+/// `moeplug_layout_from_fragments` assembles a sealed record from those of every call that
+/// produced the weights. Every field is 0 where the call established nothing; a caller may
+/// fill one itself for what no primitive can know (an fp8 weight format, biases, the
+/// activation dtype, sizes it did not pad).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_layout_fragment {
+    pub struct_size: u32,
+    /// A `moeplug_weight_format` value, 0 = not established.
+    pub weight_format: i32,
+    /// A `moeplug_gate_mode` value: the row order of `w13`.
+    pub gate_mode: i32,
+    /// A `moeplug_weight_layout` value.
+    pub weight_layout: i32,
+    /// A `moeplug_scale_layout` value.
+    pub scale_layout: i32,
+    /// A `moeplug_act_dtype` value the weights were prepared for.
+    pub act_dtype: i32,
+    /// As in `moeplug_layout`; 0 = not established.
+    pub num_experts: i64,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub hidden_padded: i64,
+    pub intermediate_padded: i64,
+    /// A `moeplug_fragment_bias` value.
+    pub has_bias: i32,
+    /// Reserved: written as zero; must be zero when read.
+    pub reserved0: u32,
 }
 
 /// What a device can do. The caller sets `struct_size`; the library fills the rest.
@@ -179,6 +234,9 @@ pub struct moeplug_shuffle_weight_args {
     pub gate_up: i32,
     /// If > 0, K is zero-padded to a multiple of this first; `dst` has the padded K.
     pub pad_k_to: i64,
+    /// 1.1: where to write what this call established (NULL = nowhere; the caller sets
+    /// `struct_size`). Written on success only.
+    pub out_fragment: *mut moeplug_layout_fragment,
 }
 
 /// AITER `shuffle_scale` / `e8m0_shuffle`: `src` `[m, n]` e8m0 (or fp32: copied through).
@@ -192,6 +250,9 @@ pub struct moeplug_shuffle_scale_args {
     pub num_experts: i32,
     pub is_guinterleave: i32,
     pub gate_up: i32,
+    /// 1.1: where to write what this call established (NULL = nowhere; the caller sets
+    /// `struct_size`). Written on success only.
+    pub out_fragment: *mut moeplug_layout_fragment,
 }
 
 /// Zero padding `[E, N, K]` -> `[E, N', K']` (shapes from `src`/`dst`); also `[E, N]` biases.
@@ -205,6 +266,9 @@ pub struct moeplug_pad_weights_args {
     pub gate_up: i32,
     /// Value of the padding, converted to the element type (0 -> zero bytes).
     pub fill: f64,
+    /// 1.1: where to write what this call established (NULL = nowhere; the caller sets
+    /// `struct_size`). Written on success only.
+    pub out_fragment: *mut moeplug_layout_fragment,
 }
 
 /// `[E, N, K/32]` e8m0 -> a swizzled scale layout.
@@ -216,6 +280,9 @@ pub struct moeplug_swizzle_scale_args {
     pub dst: *const moeplug_tensor,
     /// A `moeplug_scale_layout` value (0 -> CDNA4_SWIZZLE).
     pub layout: i32,
+    /// 1.1: where to write what this call established (NULL = nowhere; the caller sets
+    /// `struct_size`). Written on success only.
+    pub out_fragment: *mut moeplug_layout_fragment,
 }
 
 /// bf16/fp32 `[..., K]` -> MXFP4 (uint8/fp4 `[..., K/2]`) or MXFP8 (e4m3fn / e4m3fnuz, by the
@@ -234,6 +301,9 @@ pub struct moeplug_quantize_mx_args {
     pub round_mode: i32,
     /// Non-zero: write the scales in AITER's e8m0_shuffle layout.
     pub shuffle_scale: i32,
+    /// 1.1: where to write what this call established (NULL = nowhere; the caller sets
+    /// `struct_size`). Written on success only.
+    pub out_fragment: *mut moeplug_layout_fragment,
 }
 
 /// Inputs and target of `moeplug_prepare_moe`. Checkpoint tensors are plain row-major:
@@ -269,6 +339,10 @@ pub struct moeplug_prepare_moe_args {
     pub out_w2_bias: *const moeplug_tensor,
     /// Written on success.
     pub out_layout: *mut moeplug_layout,
+    /// 1.1: whose kernels the layout is for, a `moeplug_prep_target` value: 0 = moeplug's
+    /// own (the 1.0 behaviour), else the AITER kernel path named (docs/aiter.md); never
+    /// guessed from M, the arch or the environment.
+    pub target: i32,
 }
 
 /// Shapes and bytes of each output of `moeplug_prepare_moe` (0-dim = absent). The
@@ -303,6 +377,62 @@ pub struct moeplug_prepare_moe_sizes_out {
     /// The layout record the preparation will write. Its `struct_size` is the bytes of it
     /// filled: `MOEPLUG_LAYOUT_SIZE_V1_0` for a caller of the 1.0 size of this struct.
     pub layout: moeplug_layout,
+}
+
+/// AITER `fused_moe` keyword values for a layout record (`moeplug_aiter_args`, ABI 1.1).
+/// Strings are NUL-terminated spellings of AITER's Python names (docs/aiter.md).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_aiter_args_out {
+    pub struct_size: u32,
+    /// 1: set `is_shuffled = True` on w1 and w2 (`shuffle_weight` layout).
+    pub is_shuffled: i32,
+    /// 1: the scales are in triton_kernels' CDNA4 swizzle (the Triton a16w4 path).
+    pub scale_swizzled: i32,
+    /// Reserved: written as zero.
+    pub reserved0: u32,
+    /// `hidden_pad`: zero-filled trailing elements of H (values, not bytes).
+    pub hidden_pad: i64,
+    /// `intermediate_pad`: zero-filled trailing elements per half of I (not doubled, not
+    /// rounded: AITER rounds to each kernel's tile itself).
+    pub intermediate_pad: i64,
+    /// `gate_mode` ("separated", "interleave"; "" for a row order AITER has no gate mode for).
+    pub gate_mode: [c_char; 16],
+    /// `quant_type`: a `QuantType` member name ("No", "per_Token", "per_1x32", ...).
+    pub quant_type: [c_char; 16],
+    /// `quant_type_a`: the activations' `QuantType` member name.
+    pub quant_type_a: [c_char; 16],
+    /// `quant_dtype_a` / `quant_dtype_a2`: `aiter.dtypes` names ("bf16", "fp8", "fp4x2").
+    pub quant_dtype_a: [c_char; 16],
+    pub quant_dtype_a2: [c_char; 16],
+    /// `activation`: an `ActivationType` member name ("Silu", "Gelu", "Swiglu").
+    pub activation: [c_char; 16],
+}
+
+/// What a launch of a configuration will use, resolved once without M
+/// (`moeplug_resolve_config`, ABI 1.1).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moeplug_resolved_config {
+    pub struct_size: u32,
+    /// The `moeplug_backend` that answered.
+    pub backend: i32,
+    /// `moeplug_act_dtype` of the stage-1 and the stage-2 GEMM inputs (never DEFAULT).
+    pub act_dtype: i32,
+    pub act_dtype_stage2: i32,
+    /// `moeplug_activation` (never DEFAULT), with its resolved parameters: `alpha`, and
+    /// `limit` (0 = no clamp).
+    pub activation: i32,
+    pub alpha: f32,
+    pub limit: f32,
+    /// Reserved: written as zero.
+    pub reserved0: u32,
+    /// The record's layouts the kernels read (`moeplug_weight_format`, `moeplug_gate_mode`,
+    /// `moeplug_weight_layout`, `moeplug_scale_layout`).
+    pub weight_format: i32,
+    pub gate_mode: i32,
+    pub weight_layout: i32,
+    pub scale_layout: i32,
 }
 
 /// Everything a fused MoE launch needs. Optional tensors are NULL.

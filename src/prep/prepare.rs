@@ -11,18 +11,21 @@
 //! and the GPU backend on the device. All are pure functions over host byte slices (fp32 as
 //! native little-endian bytes), usable from Rust tests as well as from the C surface.
 
-use super::scale::{f3_shape, F3_PAD};
+use super::scale::{f3_shape, F3_PAD, F4_PAD};
 use super::steps::{run_host, RowMap, Step, Writer};
+use crate::aiter::{PathLayout, ScaleShuffle};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, MAX_NUM_EXPERTS, MAX_SIZE};
 use crate::tensor::format_shape;
-use crate::types::{GateMode, ScaleLayout, WeightFormat, WeightLayout};
+use crate::types::{AiterTarget, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
 /// Inputs of a preparation, by shape (storage elements: the last dimension of packed fp4
 /// counts bytes). Scales and biases are `None` when absent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrepareSpec {
     pub format: WeightFormat,
+    /// The AITER kernel path laid out for (docs/aiter.md); None: moeplug's own kernels.
+    pub target: Option<AiterTarget>,
     /// Row order of the checkpoint `w13`.
     pub gate_mode_in: GateMode,
     /// Alignment of the padded sizes; 0 → [`WeightFormat::default_alignment`]. The value used
@@ -159,6 +162,37 @@ fn shape_err(name: &str, want: &[&[usize]], got: &[usize]) -> Error {
     ))
 }
 
+/// Shape of a prepared MX scale of `rows` (all experts: `e` × rows per expert) × `k_pad/32`
+/// columns, of a weight whose logical K is `k`. F4 pads columns to 8 with 0x7F after
+/// moeplug's zero columns of the padded K; where both would be needed the bytes are AITER's
+/// function of neither input, so that is refused.
+fn mx_scale_shape(
+    shuffle: ScaleShuffle,
+    e: usize,
+    rows: usize,
+    k: usize,
+    k_pad: usize,
+    align_field: &str,
+) -> Result<Vec<usize>> {
+    let cols = k_pad / 32;
+    let cols8 = cols.div_ceil(8) * 8;
+    Ok(match shuffle {
+        ScaleShuffle::E8m0Shuffle => f3_shape(e * rows, cols).to_vec(),
+        ScaleShuffle::ShuffleScaleA16w4 => {
+            if k != k_pad && cols != cols8 {
+                crate::bail!(
+                    invalid,
+                    "{align_field}: {k} padded to {k_pad} leaves {cols} scale columns; \
+                     shuffle_scale_a16w4 would add 0x7F columns after the zero ones of the \
+                     padding: use an alignment that is a multiple of 256"
+                );
+            }
+            vec![e * rows, cols8]
+        }
+        ScaleShuffle::Cdna4 => vec![e, rows / 32, cols8 * 32],
+    })
+}
+
 /// Check the checkpoint shapes against the format and compute what preparation produces.
 ///
 /// Sizes: E, H, I are read from `w2 [E, H, I]` and `w13 [E, 2I, H]`. The padded sizes are
@@ -215,7 +249,20 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
     }
 
     // Padded sizes.
-    let mut layout_min = 32 * vpe;
+    let path = spec.target.map(AiterTarget::path);
+    if let Some(p) = path {
+        if p.format != format {
+            crate::bail!(
+                invalid,
+                "weight_format: target {} reads weight_format {}, got {}",
+                spec.target.map_or("", |t| t.label()),
+                p.format.label(),
+                format.label()
+            );
+        }
+    }
+    // What the written layout needs of a K dimension (storage bytes × values per byte).
+    let mut layout_min = path.map_or(32, |p| p.k_bytes).max(32 / vpe) * vpe;
     if kind == ScaleKind::Block128 {
         layout_min = lcm(layout_min, 128);
     }
@@ -278,9 +325,20 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
                     };
                     check("w13_scale", &s13, 2 * i, h)?;
                     check("w2_scale", &s2, h, i)?;
+                    let (s13, s2) = path.map_or(
+                        (ScaleShuffle::E8m0Shuffle, ScaleShuffle::E8m0Shuffle),
+                        |p| (p.w13_scale, p.w2_scale),
+                    );
                     (
-                        Some(f3_shape(e * 2 * i_pad, h_pad / 32).to_vec()),
-                        Some(f3_shape(e * h_pad, i_pad / 32).to_vec()),
+                        Some(mx_scale_shape(s13, e, 2 * i_pad, h, h_pad, "hidden_align")?),
+                        Some(mx_scale_shape(
+                            s2,
+                            e,
+                            h_pad,
+                            i,
+                            i_pad,
+                            "intermediate_align",
+                        )?),
                     )
                 }
                 ScaleKind::PerTensor => {
@@ -362,9 +420,11 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
     }
     let layout = Layout {
         weight_format: format,
-        gate_mode: GateMode::Separated,
-        weight_layout: WeightLayout::Aiter16x16,
-        scale_layout: format.is_mx().then_some(ScaleLayout::AiterE8m0),
+        gate_mode: path.map_or(GateMode::Separated, |p| p.gate_mode),
+        weight_layout: path.map_or(WeightLayout::Aiter16x16, |p| p.weight_layout),
+        scale_layout: format
+            .is_mx()
+            .then_some(path.map_or(ScaleLayout::AiterE8m0, |p| p.scale_layout)),
         num_experts: e,
         hidden_size: h,
         intermediate_size: i,
@@ -553,12 +613,18 @@ pub fn steps(shapes: &PreparedShapes) -> Vec<(Part, Step)> {
     let es = shapes.weight_elem_size;
     let vpe = values_per_elem(l.weight_format);
     let mode = shapes.spec.gate_mode_in;
-    let gate_up = RowMap::gate_up(e, i, i_pad, mode);
+    let path: Option<PathLayout> = shapes.spec.target.map(AiterTarget::path);
+    let gate_up = RowMap::gate_up_to(e, i, i_pad, mode, l.gate_mode);
+    let bias_rows =
+        RowMap::gate_up_to(e, i, i_pad, mode, path.map_or(l.gate_mode, |p| p.bias_rows));
     let w2_rows = RowMap::plain(e, h_pad, h, h);
-    let tile = |row_bytes: usize| Writer::Tile {
-        row_bytes,
-        tile_rows: 16,
-        pack: 16,
+    let tile = |row_bytes: usize| match l.weight_layout {
+        WeightLayout::Aiter16x16 => Writer::Tile {
+            row_bytes,
+            tile_rows: 16,
+            pack: 16,
+        },
+        WeightLayout::Plain => Writer::rows(row_bytes, &[0]),
     };
     let zeros = Writer::rows(4, &[0; 4]);
     let mut out = vec![
@@ -585,22 +651,32 @@ pub fn steps(shapes: &PreparedShapes) -> Vec<(Part, Step)> {
     let scales = match shapes.scale_kind {
         ScaleKind::None => None,
         ScaleKind::Mx => {
-            let f3 = |sn: usize| Writer::F3 {
+            // F4 and CDNA4 shapes have no padding rows; F4's own padding columns are 0x7F
+            // (mx_scale_shape allows them only where K itself is not padded).
+            let (p13, p2) = path.map_or((F3_PAD, F3_PAD), |p| {
+                let pad = |s: ScaleShuffle, k: usize, k_pad: usize| match s {
+                    ScaleShuffle::ShuffleScaleA16w4 if k == k_pad && (k_pad / 32) % 8 != 0 => {
+                        F4_PAD
+                    }
+                    _ => F3_PAD,
+                };
+                (pad(p.w13_scale, h, h_pad), pad(p.w2_scale, i, i_pad))
+            });
+            let f3 = |sn: usize, col_pad: u8| Writer::F3 {
                 sn,
-                col_pad: F3_PAD,
+                col_pad,
                 row_pad: F3_PAD,
             };
-            let sn13 = shapes.w13_scale.as_ref().map_or(0, |s| s[1]);
-            let sn2 = shapes.w2_scale.as_ref().map_or(0, |s| s[1]);
+            let (sn13, sn2) = ((h_pad / 32).div_ceil(8) * 8, (i_pad / 32).div_ceil(8) * 8);
             Some((
                 Step {
-                    writer: f3(sn13),
+                    writer: f3(sn13, p13),
                     map: gate_up,
                     src_row_bytes: h / 32,
                     dst_bytes: d13,
                 },
                 Step {
-                    writer: f3(sn2),
+                    writer: f3(sn2, p2),
                     map: w2_rows,
                     src_row_bytes: i / 32,
                     dst_bytes: d2,
@@ -646,7 +722,7 @@ pub fn steps(shapes: &PreparedShapes) -> Vec<(Part, Step)> {
             Part::W13Bias,
             Step {
                 writer: zeros,
-                map: gate_up,
+                map: bias_rows,
                 src_row_bytes: 4,
                 dst_bytes: shapes.w13_bias_bytes(),
             },

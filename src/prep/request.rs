@@ -15,7 +15,7 @@ use crate::layout::{Fragment, Layout};
 use crate::quant::{self, MxDtype, MxSource};
 use crate::tensor::{DeviceKind, ElemType, Tensor};
 use crate::types::{
-    enum_or, ActDtype, GateMode, RoundMode, ScaleLayout, WeightFormat, WeightLayout,
+    enum_or, ActDtype, AiterTarget, GateMode, RoundMode, ScaleLayout, WeightFormat, WeightLayout,
 };
 
 /// Where a prep call runs.
@@ -683,6 +683,8 @@ impl QuantizeMx {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrepareTarget {
     pub format: WeightFormat,
+    /// The AITER kernel path laid out for (None: moeplug's own kernels).
+    pub target: Option<AiterTarget>,
     pub gate_mode_in: GateMode,
     pub hidden_align: usize,
     pub intermediate_align: usize,
@@ -700,6 +702,8 @@ pub struct PrepareTargetArgs {
     pub act_dtype: i32,
     pub hidden_align: i32,
     pub intermediate_align: i32,
+    /// A `moeplug_prep_target` value (0: moeplug's kernels).
+    pub target: i32,
 }
 
 impl PrepareTarget {
@@ -717,6 +721,13 @@ impl PrepareTarget {
         let device = enum_or(a.device_type, DeviceKind::Cpu, |r| {
             DeviceKind::from_raw("device_type", r)
         })?;
+        let target = match a.target {
+            0 => None,
+            r => Some(AiterTarget::from_raw("target", r)?),
+        };
+        if let Some(t) = target {
+            return Self::for_aiter(a, format, gate_mode_in, t);
+        }
         // The CPU and the CUDA fused_moe read the same layout; which memory the tensors live
         // in is independent of the target.
         match device {
@@ -747,10 +758,55 @@ impl PrepareTarget {
         let align = |v: i32, name: &str| count_or(v as i64, 0, name);
         Ok(PrepareTarget {
             format,
+            target: None,
             gate_mode_in,
             hidden_align: align(a.hidden_align, "hidden_align")?,
             intermediate_align: align(a.intermediate_align, "intermediate_align")?,
             act_dtype,
+        })
+    }
+
+    /// An AITER kernel path (docs/aiter.md): its weight format, its activation dtype, AITER's
+    /// devices (0 or ROCM; nothing of this machine is probed: the layout is a function of
+    /// the named path alone).
+    fn for_aiter(
+        a: PrepareTargetArgs,
+        format: WeightFormat,
+        gate_mode_in: GateMode,
+        target: AiterTarget,
+    ) -> Result<PrepareTarget> {
+        // The weight format is checked against the path by `prepare::plan`.
+        let path = target.path();
+        if a.device_type != 0 && a.device_type != DeviceKind::Rocm as i32 {
+            crate::bail!(
+                invalid,
+                "device_type: target {} is an AITER kernel path (ROCm): expected 0 or {} \
+                 (ROCM), got {}",
+                target.label(),
+                DeviceKind::Rocm as i32,
+                a.device_type
+            );
+        }
+        if a.act_dtype != 0 {
+            let act = ActDtype::from_raw("act_dtype", a.act_dtype)?;
+            if act != path.act_dtype {
+                crate::bail!(
+                    invalid,
+                    "act_dtype: target {} runs {} activations, got {}",
+                    target.label(),
+                    path.act_dtype.label(),
+                    act.label()
+                );
+            }
+        }
+        let align = |v: i32, name: &str| count_or(v as i64, 0, name);
+        Ok(PrepareTarget {
+            format,
+            target: Some(target),
+            gate_mode_in,
+            hidden_align: align(a.hidden_align, "hidden_align")?,
+            intermediate_align: align(a.intermediate_align, "intermediate_align")?,
+            act_dtype: Some(path.act_dtype),
         })
     }
 }
@@ -823,6 +879,7 @@ impl PrepareMoe {
         let shape = |t: &Option<Tensor>| t.as_ref().map(|t| t.shape.clone());
         let spec = prepare::PrepareSpec {
             format,
+            target: self.target.target,
             gate_mode_in: self.target.gate_mode_in,
             hidden_align: self.target.hidden_align,
             intermediate_align: self.target.intermediate_align,
@@ -889,6 +946,15 @@ impl PrepareMoe {
         }
         let all: Vec<&Tensor> = inputs.iter().chain(&outs).flatten().collect();
         let at = location(&all)?;
+        if let (Some(t), Location::Device(..)) = (self.target.target, at) {
+            // The device prep kernels write SEPARATED rows only (RowMap `block` 0).
+            crate::bail!(
+                unsupported,
+                "prepare_moe: target {} is prepared from host memory only (the device prep \
+                 kernels do not write its row order yet); pass host tensors",
+                t.label()
+            );
+        }
         // Tensors: the six inputs then the six outputs, absent ones skipped.
         let mut tensors = Vec::new();
         let mut index = [[usize::MAX; 2]; 6];
@@ -953,6 +1019,7 @@ mod tests {
             act_dtype: ActDtype::Bf16 as i32,
             hidden_align: 0,
             intermediate_align: 0,
+            target: 0,
         })
         .unwrap();
         let req = PrepareMoe {

@@ -21,6 +21,11 @@ use crate::types::GateMode;
 /// - [`RowMap::INTERLEAVE16_OUT`]: the output interleaves the separated source halves
 ///   (`half_in` rows each) in `block`-row blocks g, u, g, u (AITER's gate_up shuffles).
 ///
+/// With a halves mode, `block` is the output's row order: 0 writes the halves one after the
+/// other (SEPARATED), `b` > 0 in `b`-row blocks g, u, g, u of the padded halves (16:
+/// INTERLEAVE, 1: INTERLEAVE_ROWS; AITER-target preparation only: the device prep kernels
+/// read `block` 0, so those jobs run on the host).
+///
 /// `#[repr(C)]`, all `u64`: the kernels in `kernels/prep.cu` read it as is.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -72,6 +77,25 @@ impl RowMap {
         }
     }
 
+    /// As [`RowMap::gate_up`], written in `out` row order (padded halves of `inter_pad` rows
+    /// interleaved in 16-row blocks, or row by row).
+    pub fn gate_up_to(
+        e: usize,
+        inter: usize,
+        inter_pad: usize,
+        mode: GateMode,
+        out: GateMode,
+    ) -> RowMap {
+        RowMap {
+            block: match out {
+                GateMode::Separated => 0,
+                GateMode::Interleave => 16,
+                GateMode::InterleaveRows => 1,
+            },
+            ..RowMap::gate_up(e, inter, inter_pad, mode)
+        }
+    }
+
     /// `groups` groups of `n` rows whose output interleaves the two separated halves in
     /// `block`-row blocks.
     pub fn interleave16_out(groups: usize, n: usize, block: usize) -> RowMap {
@@ -107,7 +131,10 @@ impl RowMap {
             Self::INTERLEAVE16_OUT => interleave16_source_row(q, half_in, self.block as usize),
             m => {
                 let half_out = self.half_out as usize;
-                let (g, j) = (q / half_out, q % half_out);
+                let (g, j) = match self.block as usize {
+                    0 => (q / half_out, q % half_out),
+                    b => ((q % (2 * b)) / b, q / (2 * b) * b + q % b),
+                };
                 if j >= half_in {
                     return None;
                 }
@@ -459,6 +486,7 @@ mod tests {
             let bias = round % 2 == 0;
             let spec = PrepareSpec {
                 format,
+                target: None,
                 gate_mode_in: mode,
                 hidden_align: [0, 64, 96][g.below(3)],
                 intermediate_align: [0, 64, 160][g.below(3)],

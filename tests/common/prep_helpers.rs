@@ -194,6 +194,7 @@ pub fn shuffle_weight_args(
         is_guinterleave: gui as i32,
         gate_up: gate_up as i32,
         pad_k_to,
+        out_fragment: std::ptr::null_mut(),
     }
 }
 
@@ -237,6 +238,7 @@ pub fn shuffle_scale(
         num_experts: experts,
         is_guinterleave: gui as i32,
         gate_up: gate_up as i32,
+        out_fragment: std::ptr::null_mut(),
     };
     ok(unsafe { moeplug_shuffle_scale(&a, std::ptr::null_mut()) });
     out

@@ -30,11 +30,15 @@ impl Backend for CpuBackend {
 
     /// Everything the integration tests run (tests/moe_reference.rs, tests/moe_golden.rs).
     fn caps(&self) -> Caps {
-        Caps::full_fused_moe(
+        let mut caps = Caps::full_fused_moe(
             BackendKind::Cpu,
             std::env::consts::ARCH.to_string(),
             format!("{} threads", threads()),
-        )
+        );
+        // Every output element is summed in a fixed order whatever the thread count
+        // (tests/determinism.rs proves it per format: docs/determinism.md).
+        caps.features |= crate::types::feature::DETERMINISTIC;
+        caps
     }
 
     /// The masks, the format's allowed activation dtypes, and a record every reader can index.

@@ -20,7 +20,7 @@ pub const PORT_HEADER: &str = include_str!("../../../kernels/moeplug_port.h");
 pub const FUSED_MOE_SOURCE: &str = include_str!("../../../kernels/fused_moe.cu");
 pub const PREP_SOURCE: &str = include_str!("../../../kernels/prep.cu");
 /// Every header a kernel source may include, by the name it is included as.
-pub const KERNEL_HEADERS: [(&str, &str); 6] = [
+pub const KERNEL_HEADERS: [(&str, &str); 8] = [
     ("moeplug_port.h", PORT_HEADER),
     (
         "moe_common.cuh",
@@ -41,6 +41,14 @@ pub const KERNEL_HEADERS: [(&str, &str); 6] = [
     (
         "moe_gemm_stream.cuh",
         include_str!("../../../kernels/moe_gemm_stream.cuh"),
+    ),
+    (
+        "mma_sm90.cuh",
+        include_str!("../../../kernels/mma_sm90.cuh"),
+    ),
+    (
+        "moe_gemm_wgmma.cuh",
+        include_str!("../../../kernels/moe_gemm_wgmma.cuh"),
     ),
 ];
 

@@ -62,10 +62,20 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 fp8_fnuz: fp8 && bit(5),
                                 // every split the heuristics can pick, rotated over stages
                                 split_k: [[8, 4, 2, 1][n % 4], [8, 4, 2, 1][(n / 4) % 4]],
+                                // both tile heights and widths meet every format
+                                wgmma_n: [128, 256][chosen % 2],
+                                wgmma_bm: [128, 64][(chosen / 2) % 2],
+                                wgmma_blocks: [1, 2][(chosen / 4) % 2],
                             };
                             n += 1;
                             if !keep(&spec) && spec.fp8_fnuz {
                                 spec.fp8_fnuz = false; // fnuz is not on every family
+                            }
+                            if !keep(&spec) && spec.wgmma_blocks != 1 {
+                                spec.wgmma_blocks = 1; // two blocks do not fit every shape
+                            }
+                            if !keep(&spec) && spec.wgmma_n != 128 {
+                                spec.wgmma_n = 128; // 256 rows do not fit every tile
                             }
                             if keep(&spec) {
                                 // GELU_TANH differs from GELU in the epilogue's one call:

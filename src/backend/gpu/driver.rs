@@ -31,6 +31,9 @@ pub struct Api {
     pub cuModuleLoadData: unsafe extern "C" fn(*mut Handle, *const c_void) -> c_int,
     pub cuModuleGetFunction: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> c_int,
     #[allow(clippy::type_complexity)]
+    /// `cuFuncSetAttribute` (CUDA only: raising a kernel's dynamic shared memory limit; the
+    /// HIP families need none).
+    pub cuFuncSetAttribute: Option<unsafe extern "C" fn(Handle, c_int, c_int) -> c_int>,
     pub cuLaunchKernel: unsafe extern "C" fn(
         Handle,
         c_uint,
@@ -44,6 +47,14 @@ pub struct Api {
         *mut *mut c_void,
         *mut *mut c_void,
     ) -> c_int,
+    /// Device memory for the self-test before first use (`selftest_run`); launches use the
+    /// caller's memory only. `cuMemAlloc_v2` / `hipMalloc` and the matching free and copies.
+    pub cuMemAlloc: unsafe extern "C" fn(*mut DevicePtr, usize) -> c_int,
+    pub cuMemFree: unsafe extern "C" fn(DevicePtr) -> c_int,
+    pub cuMemcpyHtoD: unsafe extern "C" fn(DevicePtr, *const c_void, usize) -> c_int,
+    pub cuMemcpyDtoH: unsafe extern "C" fn(*mut c_void, DevicePtr, usize) -> c_int,
+    /// `cuCtxSynchronize` / `hipDeviceSynchronize`.
+    pub cuCtxSynchronize: unsafe extern "C" fn() -> c_int,
     /// `cuGetErrorName` (CUDA) / `hipGetErrorName` (HIP): "CUDA_ERROR_INVALID_VALUE".
     pub cuGetErrorName: unsafe extern "C" fn(c_int, *mut *const c_char) -> c_int,
     /// HIP only: `hipGetDevicePropertiesR0600` (fills [`super::hip::DevicePropR0600`]), the
@@ -213,7 +224,13 @@ pub fn load(vendor: Vendor) -> Result<Api> {
                     cuCtxPopCurrent: drv.get("cuCtxPopCurrent_v2")?,
                     cuModuleLoadData: drv.get("cuModuleLoadData")?,
                     cuModuleGetFunction: drv.get("cuModuleGetFunction")?,
+                    cuFuncSetAttribute: Some(drv.get("cuFuncSetAttribute")?),
                     cuLaunchKernel: drv.get("cuLaunchKernel")?,
+                    cuMemAlloc: drv.get("cuMemAlloc_v2")?,
+                    cuMemFree: drv.get("cuMemFree_v2")?,
+                    cuMemcpyHtoD: drv.get("cuMemcpyHtoD_v2")?,
+                    cuMemcpyDtoH: drv.get("cuMemcpyDtoH_v2")?,
+                    cuCtxSynchronize: drv.get("cuCtxSynchronize")?,
                     cuGetErrorName: drv.get("cuGetErrorName")?,
                     hipGetDevicePropertiesR0600: None,
                     driver_library: drv.name.clone(),
@@ -290,7 +307,13 @@ fn hip_driver(vendor: Vendor) -> Result<Api> {
             cuCtxPopCurrent: drv.get("hipCtxPopCurrent")?,
             cuModuleLoadData: drv.get("hipModuleLoadData")?,
             cuModuleGetFunction: drv.get("hipModuleGetFunction")?,
+            cuFuncSetAttribute: None,
             cuLaunchKernel: drv.get("hipModuleLaunchKernel")?,
+            cuMemAlloc: drv.get("hipMalloc")?,
+            cuMemFree: drv.get("hipFree")?,
+            cuMemcpyHtoD: drv.get("hipMemcpyHtoD")?,
+            cuMemcpyDtoH: drv.get("hipMemcpyDtoH")?,
+            cuCtxSynchronize: drv.get("hipDeviceSynchronize")?,
             cuGetErrorName: drv.get("hipDrvGetErrorName")?,
             hipGetDevicePropertiesR0600: Some(drv.get("hipGetDevicePropertiesR0600")?),
             driver_library: drv.name.clone(),
@@ -329,7 +352,13 @@ fn hip_driver(vendor: Vendor) -> Result<Api> {
             cuCtxPopCurrent: f!(hipCtxPopCurrent),
             cuModuleLoadData: f!(hipModuleLoadData),
             cuModuleGetFunction: f!(hipModuleGetFunction),
+            cuFuncSetAttribute: None,
             cuLaunchKernel: f!(hipModuleLaunchKernel),
+            cuMemAlloc: f!(hipMalloc),
+            cuMemFree: f!(hipFree),
+            cuMemcpyHtoD: f!(hipMemcpyHtoD),
+            cuMemcpyDtoH: f!(hipMemcpyDtoH),
+            cuCtxSynchronize: f!(hipDeviceSynchronize),
             cuGetErrorName: f!(hipDrvGetErrorName),
             hipGetDevicePropertiesR0600: Some(hipGetDevicePropertiesR0600),
             driver_library: "libamdhip64 (linked)".to_string(),
@@ -360,6 +389,26 @@ impl Api {
             &format!("cuModuleGetFunction({})", name.to_string_lossy()),
         )?;
         Ok(f)
+    }
+
+    /// Allow `f` up to `bytes` of dynamic shared memory (above the 48 KiB default), and ask
+    /// for the largest shared-memory carveout so that several such blocks fit on an SM (the
+    /// default carveout may hold only one).
+    pub fn set_max_dynamic_shared(&self, f: Handle, bytes: usize) -> Result<()> {
+        const MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8; // CU_FUNC_ATTRIBUTE_*
+        const PREFERRED_SHARED_MEMORY_CARVEOUT: c_int = 9;
+        let Some(set) = self.cuFuncSetAttribute else {
+            return Err(Error::unsupported(format!(
+                "{} kernels cannot raise their shared memory limit here",
+                self.vendor.name()
+            )));
+        };
+        // SAFETY: `f` came from `function`; the attribute takes an int.
+        let code = unsafe { set(f, MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as c_int) };
+        self.check(code, "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
+        // SAFETY: as above; 100 = percent of the unified L1/shared storage.
+        let code = unsafe { set(f, PREFERRED_SHARED_MEMORY_CARVEOUT, 100) };
+        self.check(code, "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)")
     }
 
     /// "CUDA_ERROR_INVALID_VALUE (1)" for a driver result code.

@@ -5,7 +5,8 @@
 
 use once_cell::sync::Lazy;
 
-use super::spec::{Family, KernelSpec};
+use super::spec::{Family, FamilySet, KernelSpec};
+use crate::error::{Error, Result};
 use crate::moe::check::LaunchShape;
 use crate::moe::MoeLaunch;
 use crate::types::{ActDtype, GateMode, ScaleLayout, WeightFormat, WeightLayout};
@@ -18,7 +19,27 @@ use crate::types::{ActDtype, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 /// pairs per expert is 8 % faster on tile32, MXFP4 and fp8 2.4-2.8x faster on stream.
 pub const STREAM_MAX_PAIRS_PER_EXPERT: [usize; 2] = [32, 16];
 
-/// `MOEPLUG_GPU_FAMILY=fp32|tile32|stream`: a diagnostic preference (benchmarks and tests
+/// Average pairs per local expert from which the wgmma family runs (where it covers the
+/// configuration; ahead of the stream family). Measured on the H200 (bench/NOTES.md): at 32
+/// pairs DeepSeek-V3 fp8 takes 5.6 ms on wgmma against 9.3 on stream and gpt-oss bf16 3.1
+/// against 3.5 on tile32; at 16 pairs stream is 1.3-1.6x faster.
+pub const WGMMA_MIN_PAIRS_PER_EXPERT: usize = 32;
+
+/// `MOEPLUG_WGMMA_N=128|256`, `MOEPLUG_WGMMA_BM=64|128`, `MOEPLUG_WGMMA_BLOCKS=1|2`:
+/// diagnostic overrides of the wgmma family's block shape and blocks per SM (benchmarks). The
+/// defaults (128 x 128, one block) measured fastest on the H200 at M = 1024 and 4096
+/// (bench/NOTES.md: 64-row tiles 4-40 % slower, 256 weight rows 0-4 % faster on Qwen3 bf16
+/// only).
+static WGMMA_N_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_N"));
+static WGMMA_BM_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_BM"));
+static WGMMA_BLOCKS_PREFERENCE: Lazy<Option<u32>> =
+    Lazy::new(|| env_choice("MOEPLUG_WGMMA_BLOCKS"));
+
+fn env_choice(name: &str) -> Option<u32> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+/// `MOEPLUG_GPU_FAMILY=fp32|tile32|stream|wgmma`: a diagnostic preference (benchmarks and tests
 /// run every family on the same shapes); a family that cannot run a launch is never forced.
 static PREFERENCE: Lazy<Option<Family>> = Lazy::new(|| {
     std::env::var("MOEPLUG_GPU_FAMILY")
@@ -106,19 +127,105 @@ pub fn stream_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Opt
     None
 }
 
+/// Why the wgmma family cannot be compiled for this configuration on `sm`, or None.
+pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str> {
+    use ActDtype as A;
+    use WeightFormat as W;
+    if sm != 90 {
+        return Some("needs sm_90a (wgmma)");
+    }
+    if !matches!(spec.gate_mode, GateMode::Separated | GateMode::Interleave) {
+        return Some("gate modes SEPARATED and INTERLEAVE only");
+    }
+    if spec.fp8_fnuz {
+        return Some("the fp8 wgmma takes OCP e4m3fn");
+    }
+    let act16 = |a: ActDtype, f16: bool| spec.act_dtype == a && spec.in_f16 == f16;
+    let format_ok = match spec.weight_format {
+        W::Bf16 => act16(A::Bf16, false),
+        W::Fp16 => act16(A::Fp16, true),
+        W::Fp8PerTensor | W::Fp8PerChannel => {
+            matches!(spec.act_dtype, A::Fp8PerToken | A::Fp8PerTensor)
+        }
+        W::Fp8Block128 => spec.act_dtype == A::Fp8Block128,
+        W::Mxfp4 | W::Mxfp8 => false,
+    };
+    if !format_ok {
+        return Some("format / activation dtype pairing not covered");
+    }
+    if !matches!(spec.wgmma_bm, 64 | 128)
+        || !matches!(spec.wgmma_n, 128 | 256)
+        || !matches!(spec.wgmma_blocks, 1 | 2)
+    {
+        return Some(
+            "64 or 128 rows per tile, 128 or 256 weight rows per warpgroup, 1 or 2 blocks",
+        );
+    }
+    // Two blocks per SM halve the registers and the ring: 16-bit 128 x 128 blocks only.
+    if spec.wgmma_blocks == 2
+        && (spec.act_dtype.is_quantized() || spec.wgmma_n != 128 || spec.wgmma_bm != 128)
+    {
+        return Some("two blocks per SM only for 16-bit operands on 128 x 128 blocks");
+    }
+    // fp8 partial sums (two-level accumulation) need the registers of a second accumulator;
+    // 64-row tiles already give each warpgroup its own weight rows.
+    if spec.wgmma_n == 256 && (spec.act_dtype.is_quantized() || spec.wgmma_bm == 64) {
+        return Some("256 weight rows per warpgroup only for 16-bit operands on 128-row tiles");
+    }
+    None
+}
+
+/// Why the wgmma family cannot run this launch (configuration, then sizes and alignment),
+/// or None if it can.
+pub fn wgmma_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Option<&'static str> {
+    if let Some(why) = wgmma_spec_unsupported(sm, spec) {
+        return Some(why);
+    }
+    let l = &launch.config.layout;
+    // 16-byte copies: a copy never straddles the last real column, weight rows are whole
+    // copies, and AITER 16-row groups of the up half start on a group.
+    let v = if spec.act_dtype.is_quantized() { 16 } else { 8 };
+    let sizes = [
+        l.hidden_size,
+        l.intermediate_size,
+        l.hidden_padded,
+        l.intermediate_padded,
+    ];
+    if sizes.iter().any(|s| s % v != 0) || l.intermediate_padded % 16 != 0 {
+        return Some("hidden / intermediate sizes not multiples of the 16-byte copy");
+    }
+    // Each 64-column half of a stage-1 block must sit in one 128-row scale block.
+    if spec.weight_format == WeightFormat::Fp8Block128 && l.intermediate_padded % 64 != 0 {
+        return Some("intermediate_padded not a multiple of 64 for block-128 scales");
+    }
+    if !spec.act_dtype.is_quantized() {
+        let x = &launch.hidden_states;
+        if (x.dim(1) * 2) % 16 != 0 || (x.ptr as usize) % 16 != 0 {
+            return Some("hidden_states rows are not 16-byte aligned");
+        }
+    }
+    None
+}
+
 /// Whether `choose` can return `family` for some launch of this configuration on `sm`.
 pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
     match spec.family {
         Family::Fp32 => sm < 80,
         Family::Tile32 => sm >= 80,
         Family::Stream => stream_spec_unsupported(sm, spec).is_none(),
+        Family::Wgmma => wgmma_spec_unsupported(sm, spec).is_none(),
     }
 }
 
-/// The kernel configuration for this launch on `arch`: its family and, for the stream family,
-/// the K split of each stage.
-pub fn spec_for(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> KernelSpec {
-    let family = choose(arch, launch, shape);
+/// The kernel configuration for this launch on `arch` among the families the device's
+/// self-test `accepted`: its family and, for the stream family, the K split of each stage.
+pub fn spec_for(
+    arch: &str,
+    launch: &MoeLaunch,
+    shape: &LaunchShape,
+    accepted: FamilySet,
+) -> Result<KernelSpec> {
+    let family = choose_accepted(arch, launch, shape, accepted)?;
     let mut spec = KernelSpec::for_launch(launch, family);
     if family == Family::Stream {
         let l = &launch.config.layout;
@@ -139,7 +246,39 @@ pub fn spec_for(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> KernelSp
             spec.split_k = [kw, kw];
         }
     }
-    spec
+    if family == Family::Wgmma {
+        let mut tuned = spec.clone();
+        tuned.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(tuned.wgmma_n);
+        tuned.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(tuned.wgmma_bm);
+        tuned.wgmma_blocks = WGMMA_BLOCKS_PREFERENCE.unwrap_or(tuned.wgmma_blocks);
+        if wgmma_spec_unsupported(90, &tuned).is_none() {
+            spec = tuned;
+        }
+    }
+    Ok(spec)
+}
+
+/// [`choose`]'s family if the self-test accepted it, else the first accepted family down its
+/// fallback chain ([`Family::fallback`]); UNSUPPORTED when the chain has none.
+pub fn choose_accepted(
+    arch: &str,
+    launch: &MoeLaunch,
+    shape: &LaunchShape,
+    accepted: FamilySet,
+) -> Result<Family> {
+    let first = choose(arch, launch, shape);
+    let mut family = Some(first);
+    while let Some(f) = family {
+        if accepted.contains(f) {
+            return Ok(f);
+        }
+        family = f.fallback();
+    }
+    Err(Error::unsupported(format!(
+        "no kernel family that passed this device's self-test before first use can run this \
+         launch ({} and its fallbacks were refused; `moeplug info` says why)",
+        first.name()
+    )))
 }
 
 /// Blocks the stream family wants at least, so that every SM of an H100/H200-class GPU (132)
@@ -170,8 +309,11 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
     };
     let spec = KernelSpec::for_launch(launch, Family::Stream);
     let stream_ok = stream_unsupported(sm, &spec, launch).is_none();
+    let wgmma_ok =
+        wgmma_unsupported(sm, &KernelSpec::for_launch(launch, Family::Wgmma), launch).is_none();
     match *PREFERENCE {
         Some(Family::Stream) if stream_ok => return Family::Stream,
+        Some(Family::Wgmma) if wgmma_ok => return Family::Wgmma,
         Some(f @ (Family::Tile32 | Family::Fp32)) => return f,
         _ => {}
     }
@@ -181,7 +323,9 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
         launch.config.layout.weight_format,
         WeightFormat::Bf16 | WeightFormat::Fp16
     );
-    if stream_ok && pairs_per_expert <= STREAM_MAX_PAIRS_PER_EXPERT[sixteen_bit as usize] {
+    if wgmma_ok && pairs_per_expert >= WGMMA_MIN_PAIRS_PER_EXPERT {
+        Family::Wgmma
+    } else if stream_ok && pairs_per_expert <= STREAM_MAX_PAIRS_PER_EXPERT[sixteen_bit as usize] {
         Family::Stream
     } else {
         Family::Tile32

@@ -21,6 +21,7 @@ pub fn hip_exclusion(family: Family) -> Option<&'static str> {
             "inline PTX mma.sync (mma_sm80.cuh) with 32-lane warp fragments has no HIP form; \
              heuristics::choose gives HIP the fp32 family until the MFMA layer lands",
         ),
+        Family::Wgmma => Some("wgmma (mma_sm90.cuh) is NVIDIA sm_90a only"),
     }
 }
 
@@ -65,6 +66,7 @@ pub fn headers() -> &'static [(&'static str, &'static str)] {
 mod tests {
     use super::*;
     use crate::backend::gpu::heuristics;
+    use crate::backend::gpu::spec::FamilySet;
     use crate::layout::Layout;
     use crate::moe::check::LaunchShape;
     use crate::moe::{MoeConfig, MoeLaunch};
@@ -159,7 +161,7 @@ mod tests {
                 assert_eq!(KernelSpec::for_launch(&l, s.family).defines(), s.defines());
                 // ... and the backend's heuristics pick it on gfx942/gfx950.
                 for arch in ["gfx942", "gfx950"] {
-                    let chosen = heuristics::spec_for(arch, &l, &shape);
+                    let chosen = heuristics::spec_for(arch, &l, &shape, FamilySet::all()).unwrap();
                     assert_eq!(chosen.defines(), s.defines(), "{arch} m={m}");
                     assert_eq!(hip_exclusion(chosen.family), None);
                 }
@@ -202,6 +204,7 @@ mod tests {
         for f in Family::ALL {
             match f {
                 Family::Fp32 => assert_eq!(hip_exclusion(f), None),
+                Family::Wgmma => assert!(hip_exclusion(f).unwrap().contains("wgmma"), "{f:?}"),
                 _ => assert!(hip_exclusion(f).unwrap().contains("mma.sync"), "{f:?}"),
             }
         }

@@ -9,7 +9,7 @@ use crate::tensor::Tensor;
 use crate::types::{ActDtype, Activation};
 
 use super::heuristics;
-use super::spec::{Family, KernelSpec};
+use super::spec::{Family, FamilySet, KernelSpec};
 /// Threads of the GEMM and reduce kernels, and of the route kernel.
 pub const THREADS: u32 = 256;
 pub const ROUTE_THREADS: u32 = 1024;
@@ -124,10 +124,16 @@ pub fn scale_groups(act: ActDtype, cols: usize) -> usize {
 /// CPU backend's check: same status and message for the same bad launch), then what only
 /// the GPU needs. Returns the workspace plan.
 pub fn validate(caps: &Caps, launch: &MoeLaunch) -> Result<Plan> {
+    validate_among(caps, launch, FamilySet::all())
+}
+
+/// [`validate`] on a device whose self-test accepted only the families `accepted`: the
+/// heuristics pick among them.
+pub fn validate_among(caps: &Caps, launch: &MoeLaunch, accepted: FamilySet) -> Result<Plan> {
     check_against_caps(caps, &launch.config)?;
     check_record(&launch.config.layout)?;
     let shape = check_launch(launch)?;
-    let spec = heuristics::spec_for(&caps.arch, launch, &shape);
+    let spec = heuristics::spec_for(&caps.arch, launch, &shape, accepted)?;
     plan(launch, &shape, spec)
 }
 
@@ -180,7 +186,7 @@ pub fn plan(launch: &MoeLaunch, shape: &LaunchShape, spec: KernelSpec) -> Result
 
     let pairs = m * topk;
     let tiles_of = |rows: usize| pairs.div_ceil(rows) + e.min(pairs);
-    let max_tiles = tiles_of(spec.family.tile_rows());
+    let max_tiles = tiles_of(spec.tile_rows());
     let (most_tiles, most_rows) = Family::ALL
         .iter()
         .map(|f| {

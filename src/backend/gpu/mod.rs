@@ -13,6 +13,7 @@ pub mod launch;
 pub(crate) mod mirror;
 pub mod prep;
 pub mod selftest;
+pub mod selftest_run;
 pub mod spec;
 
 use std::collections::HashMap;
@@ -52,6 +53,13 @@ impl Vendor {
         match self {
             Vendor::Cuda => BackendKind::Cuda,
             Vendor::Hip => BackendKind::Hip,
+        }
+    }
+    /// The device memory kind of this vendor's tensors.
+    pub fn device_kind(self) -> crate::tensor::DeviceKind {
+        match self {
+            Vendor::Cuda => crate::tensor::DeviceKind::Cuda,
+            Vendor::Hip => crate::tensor::DeviceKind::Rocm,
         }
     }
 }
@@ -118,23 +126,6 @@ pub fn backend(vendor: Vendor, device_id: i32) -> Result<Arc<dyn Backend>> {
         Vendor::Hip => &*HIP_API,
     };
     let api: &'static Api = api.as_ref().map_err(|e| e.clone())?;
-    if vendor == Vendor::Hip {
-        // The runtime and device open (so the arch and the limits are real), but the kernels
-        // have not run on an AMD GPU yet and no self-test proves them on this one: refuse
-        // rather than claim support nobody has tested.
-        let d = Device::describe(api, device_id)?;
-        return Err(Error::unavailable(format!(
-            "rocm:{device_id} is {} ({}, {} CUs, wave{}, {} KiB LDS; {}), but the HIP fused_moe \
-             backend is not validated on an AMD GPU yet (kernels compile for gfx942/gfx950 in CI; \
-             no self-test before first use yet)",
-            d.name,
-            d.target_id,
-            d.compute_units,
-            d.wave_size,
-            d.lds_bytes_per_block / 1024,
-            d.runtime_version
-        )));
-    }
     let mut devices = DEVICES
         .lock()
         .map_err(|_| Error::internal("device table poisoned"))?;
@@ -171,6 +162,10 @@ pub struct GpuBackend {
     name: String,
     runtime_version: String,
     kernels: Mutex<HashMap<Vec<String>, Kernels>>,
+    /// What the self-test before first use accepted (`selftest_run`).
+    selftest: selftest_run::SelfTest,
+    /// "gfx942:sramecc+:xnack-, 304 CUs, wave64, 64 KiB LDS per block" (for `info`).
+    details: String,
 }
 // The primary context handle is shared by the driver across threads.
 unsafe impl Send for GpuBackend {}
@@ -318,7 +313,7 @@ impl GpuBackend {
             unsafe { (api.cuDevicePrimaryCtxRetain)(&mut ctx, d.handle) },
             "cuDevicePrimaryCtxRetain",
         )?;
-        Ok(GpuBackend {
+        let mut b = GpuBackend {
             api,
             device_id,
             ctx,
@@ -326,7 +321,50 @@ impl GpuBackend {
             name: d.name,
             runtime_version: d.runtime_version,
             kernels: Mutex::new(HashMap::new()),
-        })
+            selftest: selftest_run::SelfTest::unproven("not run yet"),
+            details: format!(
+                "{}, {} CUs, wave{}, {} KiB LDS per block",
+                d.target_id,
+                d.compute_units,
+                d.wave_size,
+                d.lds_bytes_per_block / 1024
+            ),
+        };
+        // The first open of a device proves its kernels before anyone can launch them (HIP
+        // included: an unvalidated backend either passes here or refuses).
+        b.selftest = selftest_run::run(&b).map_err(|e| {
+            let mut message = if e.status == crate::error::Status::BackendUnavailable {
+                e.message
+            } else {
+                format!(
+                    "{}: the self-test before first use could not run: {}",
+                    b.label(),
+                    e.message
+                )
+            };
+            if message.contains("STREAM_CAPTURE") {
+                message.push_str(
+                    " (the device was first opened while a stream was capturing a graph: \
+                     call moeplug_get_caps for it before capturing)",
+                );
+            }
+            Error::unavailable(message)
+        })?;
+        Ok(b)
+    }
+
+    /// "cuda:0 (sm_90)" / "rocm:0 (gfx942)", for messages.
+    fn label(&self) -> String {
+        let prefix = match self.api.vendor {
+            Vendor::Cuda => "cuda",
+            Vendor::Hip => "rocm",
+        };
+        format!("{prefix}:{} ({})", self.device_id, self.arch)
+    }
+
+    /// What the self-test before first use concluded on this device.
+    pub fn selftest(&self) -> &selftest_run::SelfTest {
+        &self.selftest
     }
 
     fn enter(&self) -> Result<CtxGuard<'_>> {
@@ -349,7 +387,7 @@ impl GpuBackend {
         if let Some(k) = map.get(&defines) {
             return Ok(*k);
         }
-        let compiled = cache::compile(self.api, &self.arch, &defines)?;
+        let compiled = cache::compile(self.api, &spec.compile_arch(&self.arch), &defines)?;
         record_compile(&compiled);
         let module = self.api.load_module(&compiled.binary, "fused_moe")?;
         let get = |name: &CStr| self.api.function(module, name);
@@ -364,6 +402,12 @@ impl GpuBackend {
             quant2: get(c"moe_quant2")?,
             import1: get(c"moe_import1")?,
         };
+        let shared = spec.dynamic_shared_bytes();
+        if shared > 48 * 1024 {
+            for f in [k.stage1, k.stage2] {
+                self.api.set_max_dynamic_shared(f, shared)?;
+            }
+        }
         map.insert(defines, k);
         Ok(k)
     }
@@ -416,6 +460,11 @@ pub fn vendor_caps(vendor: Vendor, arch: &str, runtime_version: &str) -> Caps {
     );
     // Device tensors in every prep call (gpu::prep, tests/gpu/test_prep_device.py).
     caps.features |= feature::GRAPH_CAPTURE | feature::DEVICE_PREP;
+    // Proven on the H200 for every format and family (tests/gpu/test_fused_moe.py
+    // test_deterministic, docs/determinism.md); no HIP run yet.
+    if vendor == Vendor::Cuda {
+        caps.features |= feature::DETERMINISTIC;
+    }
     // The kernels compile ACT_Q once for both stages, and their GEMMs read a gated w13.
     caps.features &= !feature::STAGE2_ACT_DTYPE;
     caps.activations = Activation::mask_of(GPU_ACTIVATIONS);
@@ -436,8 +485,13 @@ impl Backend for GpuBackend {
         self.api.vendor.backend_kind()
     }
 
+    /// The vendor's caps, without DEVICE_PREP where the self-test refused device prep.
     fn caps(&self) -> Caps {
-        vendor_caps(self.api.vendor, &self.arch, &self.runtime_version)
+        let mut caps = vendor_caps(self.api.vendor, &self.arch, &self.runtime_version);
+        if self.selftest.prep_refused.is_some() {
+            caps.features &= !feature::DEVICE_PREP;
+        }
+        caps
     }
 
     /// The masks, the format's allowed activation dtypes, and a record every reader can
@@ -448,18 +502,44 @@ impl Backend for GpuBackend {
     }
 
     fn workspace_size(&self, launch: &MoeLaunch) -> Result<usize> {
-        Ok(launch::validate(&self.caps(), launch)?.workspace_bytes)
+        let accepted = self.selftest.accepted;
+        Ok(launch::validate_among(&self.caps(), launch, accepted)?.workspace_bytes)
     }
 
     fn fused_moe(&self, l: &MoeLaunch) -> Result<()> {
-        let plan = launch::validate(&self.caps(), l)?;
+        let plan = launch::validate_among(&self.caps(), l, self.selftest.accepted)?;
+        self.run_plan(l, &plan)
+    }
+
+    /// The prep steps as kernels on the caller's stream (`prep`): no allocation, no sync.
+    unsafe fn run_prep(&self, job: &crate::prep::request::PrepJob, stream: usize) -> Result<()> {
+        if let Some(why) = &self.selftest.prep_refused {
+            return Err(Error::unsupported(format!(
+                "device prep on {} was refused by the self-test before first use ({why}); \
+                 prepare on the host",
+                self.label()
+            )));
+        }
+        prep::run_job(
+            self.api.vendor,
+            self.device_id,
+            stream as *mut std::ffi::c_void,
+            job,
+        )
+    }
+}
+
+impl GpuBackend {
+    /// The kernels of a planned launch on the launch's stream (the plan's family, chosen by the
+    /// heuristics or forced by the self-test).
+    fn run_plan(&self, l: &MoeLaunch, plan: &launch::Plan) -> Result<()> {
         if plan.m == 0 {
             return Ok(());
         }
-        let ws = launch::workspace_ptr(l, &plan)?;
+        let ws = launch::workspace_ptr(l, plan)?;
         let _ctx = self.enter()?;
         let k = self.kernels(&plan.spec)?;
-        let p = launch::params(l, &plan, ws);
+        let p = launch::params(l, plan, ws);
         let stream = l.stream as Handle;
         let tiles = plan.max_tiles as u32;
         let (n1, n2) = plan.spec.block_columns();
@@ -468,6 +548,8 @@ impl Backend for GpuBackend {
         let rows = |n: usize| (n as u32, 1);
         let pairs = plan.m * plan.topk;
         let gemm = |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, what);
+        let shared = plan.spec.dynamic_shared_bytes() as u32;
+        let stage = |f, grid, what| self.launch(f, grid, launch::THREADS, shared, stream, &p, what);
         self.launch(
             k.route,
             (1, 1),
@@ -487,7 +569,7 @@ impl Backend for GpuBackend {
         } else if act.is_quantized() {
             gemm(k.quant1, rows(plan.m), "moe_quant1")?;
         }
-        gemm(
+        stage(
             k.stage1,
             (tiles, c.intermediate_size.div_ceil(n1) as u32),
             "moe_stage1",
@@ -498,7 +580,7 @@ impl Backend for GpuBackend {
         if act.is_quantized() {
             gemm(k.quant2, rows(pairs), "moe_quant2")?;
         }
-        gemm(
+        stage(
             k.stage2,
             (tiles, c.hidden_size.div_ceil(n2) as u32),
             "moe_stage2",
@@ -510,16 +592,6 @@ impl Backend for GpuBackend {
                 (plan.out_cols as u32).div_ceil(launch::THREADS),
             ),
             "moe_reduce",
-        )
-    }
-
-    /// The prep steps as kernels on the caller's stream (`prep`): no allocation, no sync.
-    unsafe fn run_prep(&self, job: &crate::prep::request::PrepJob, stream: usize) -> Result<()> {
-        prep::run_job(
-            self.api.vendor,
-            self.device_id,
-            stream as *mut std::ffi::c_void,
-            job,
         )
     }
 }
@@ -546,6 +618,14 @@ pub fn describe() -> String {
         .map(|d| d.display().to_string())
         .unwrap_or_else(|| "(none: set MOEPLUG_CACHE_DIR or HOME)".into());
     out.push_str(&format!("kernel cache: {dir}\n"));
+    // An AMD device that opened (its self-test passed): what it is and what the test said.
+    if let Some(g) = open_device(Vendor::Hip, 0) {
+        out.push_str(&format!(
+            "rocm:0: {} ({}), {}\n",
+            g.name, g.details, g.runtime_version
+        ));
+        out.push_str(&format!("rocm:0 {}\n", g.selftest.line()));
+    }
     let b = match backend(Vendor::Cuda, 0) {
         Ok(b) => b,
         Err(e) => {
@@ -564,6 +644,9 @@ pub fn describe() -> String {
         caps.arch,
         caps.runtime_version
     ));
+    if let Some(g) = open_device(Vendor::Cuda, 0) {
+        out.push_str(&format!("cuda:0 {}\n", g.selftest.line()));
+    }
     if let Ok(api) = CUDA_API.as_ref() {
         // A cold compile of the default configuration, not read from or written to the cache.
         let defines = default_spec().defines();
@@ -586,6 +669,12 @@ pub fn describe() -> String {
     out
 }
 
+/// The backend of a device, if it opens.
+fn open_device(vendor: Vendor, device_id: i32) -> Option<Arc<GpuBackend>> {
+    backend(vendor, device_id).ok()?;
+    DEVICES.lock().ok()?.get(&(vendor, device_id)).cloned()
+}
+
 /// The configuration `describe` compiles cold: bf16 weights in the AITER layout, separated
 /// gate/up, SiLU, bf16 everywhere, on the decode family.
 fn default_spec() -> spec::KernelSpec {
@@ -605,6 +694,9 @@ fn default_spec() -> spec::KernelSpec {
         has_mask: false,
         fp8_fnuz: false,
         split_k: [8, 8],
+        wgmma_n: 128,
+        wgmma_bm: 128,
+        wgmma_blocks: 1,
     }
 }
 
@@ -661,9 +753,9 @@ mod tests {
                 assert!(e.message.contains(&format!("{n}: ")), "{}", e.message);
             }
         } else {
-            // With ROCm, the device opens (or says why) and the backend still refuses.
+            // With ROCm but no AMD GPU here, the runtime or the device says why.
             assert!(
-                e.message.contains("not validated on an AMD GPU yet")
+                e.message.contains("self-test before first use")
                     || e.message.contains("hipInit failed")
                     || e.message.contains("hipRTC")
                     || e.message.contains("run-time compiler"),
@@ -681,11 +773,12 @@ mod tests {
         assert_eq!(caps.runtime_version, "HIP 6.4 / hipRTC 6.4");
         assert_eq!(gpu_caps("sm_90", "x").backend, Some(BackendKind::Cuda));
         assert_eq!(Vendor::Hip.backend_kind().label(), "hip");
-        // Same masks on both vendors: one set of kernels.
+        // Same masks on both vendors: one set of kernels; determinism proven on CUDA only.
         let cuda = gpu_caps("gfx942", "HIP 6.4 / hipRTC 6.4");
         assert_eq!(
             Caps {
                 backend: cuda.backend,
+                features: caps.features | feature::DETERMINISTIC,
                 ..caps
             },
             cuda

@@ -70,7 +70,7 @@ static KERNELS: Lazy<Mutex<HashMap<(Vendor, i32), PrepKernels>>> =
 
 /// A device's backend and its prep kernels (compiled once per process and device).
 fn open(vendor: Vendor, device_id: i32) -> Result<(Arc<GpuBackend>, PrepKernels)> {
-    // Opens (and for HIP refuses) the device exactly as fused_moe does.
+    // Opens (and self-tests) the device exactly as fused_moe does.
     super::backend(vendor, device_id)?;
     let dev = super::DEVICES
         .lock()
@@ -78,11 +78,18 @@ fn open(vendor: Vendor, device_id: i32) -> Result<(Arc<GpuBackend>, PrepKernels)
         .get(&(vendor, device_id))
         .cloned()
         .ok_or_else(|| Error::internal("device opened but not in the device table"))?;
+    let k = kernels_of(&dev)?;
+    Ok((dev, k))
+}
+
+/// The prep kernels of a device being opened or open (compiled once per process and device).
+fn kernels_of(dev: &GpuBackend) -> Result<PrepKernels> {
+    let (vendor, device_id) = (dev.api.vendor, dev.device_id);
     let mut map = KERNELS
         .lock()
         .map_err(|_| Error::internal("prep kernel table poisoned"))?;
     if let Some(k) = map.get(&(vendor, device_id)) {
-        return Ok((dev, *k));
+        return Ok(*k);
     }
     let compiled =
         super::cache::compile_source(dev.api, &dev.arch, "prep", super::cache::PREP_SOURCE, &[])?;
@@ -100,7 +107,7 @@ fn open(vendor: Vendor, device_id: i32) -> Result<(Arc<GpuBackend>, PrepKernels)
     };
     drop(ctx);
     map.insert((vendor, device_id), k);
-    Ok((dev, k))
+    Ok(k)
 }
 
 fn launch<P>(
@@ -208,10 +215,20 @@ pub fn run_steps(
     stream: *mut c_void,
     steps: &[(Step, u64, u64)],
 ) -> Result<()> {
-    let (dev, k) = open(vendor, device_id)?;
+    let (dev, _) = open(vendor, device_id)?;
+    run_steps_on(&dev, stream, steps)
+}
+
+/// [`run_steps`] on a device's backend directly (the self-test, while the device opens).
+pub(super) fn run_steps_on(
+    dev: &GpuBackend,
+    stream: *mut c_void,
+    steps: &[(Step, u64, u64)],
+) -> Result<()> {
+    let k = kernels_of(dev)?;
     let _ctx = dev.enter()?;
     for (step, src, dst) in steps {
-        launch_step(&dev, &k, stream as Handle, step, *src, *dst)?;
+        launch_step(dev, &k, stream as Handle, step, *src, *dst)?;
     }
     Ok(())
 }

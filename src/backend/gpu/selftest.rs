@@ -2,15 +2,15 @@
 //! for a small problem per kernel family, against the CPU backend (fused_moe) or the host
 //! bytes (prep). Pure, so it is tested here with fake device results.
 //!
-//! A family that fails is never selected, and the caps / `info` say which and why; if no
-//! fused_moe family passes, the backend is BACKEND_UNAVAILABLE with every reason.
+//! A family that fails is never selected and `info` (and the log callback) says which and why
+//! (the caps drop DEVICE_PREP when prep failed); if no fused_moe family passes, the backend is
+//! BACKEND_UNAVAILABLE with every reason.
 //!
-//! Not wired yet. The intended wiring: `GpuBackend::open` runs, for each kernel
-//! family ([`super::spec::Family`]) the device may select, one small launch (and one
-//! device prep) on device memory, compares with the CPU backend / host prep, and hands the
-//! outcomes to [`decide`]; the backend keeps the [`Decision`], selects only accepted
-//! families, drops DEVICE_PREP when prep failed, and prints [`Decision::summary`] in `info`.
-//! Then HIP's blanket refusal in `gpu::backend` goes.
+//! Wired in `GpuBackend::open`: [`super::selftest_run`] runs, for each kernel family
+//! ([`super::spec::Family`]) the device may select, one small launch (and one device prep) on
+//! device memory, compares with the CPU backend / host prep, and hands the outcomes to
+//! [`decide`]; the backend selects only accepted families, drops DEVICE_PREP when prep failed,
+//! and prints [`Decision::summary`] with the time in `info`.
 
 use crate::error::{Error, Result};
 

@@ -16,16 +16,20 @@ pub enum Family {
     Tile32 = 1,
     /// Swap-AB weight streaming for few tokens per expert: CUDA sm_80+ (moe_gemm_stream.cuh).
     Stream = 2,
+    /// Warpgroup MMA on 128-row tiles for many tokens per expert: CUDA sm_90a
+    /// (moe_gemm_wgmma.cuh).
+    Wgmma = 3,
 }
 
 impl Family {
-    pub const ALL: [Family; 3] = [Family::Fp32, Family::Tile32, Family::Stream];
+    pub const ALL: [Family; 4] = [Family::Fp32, Family::Tile32, Family::Stream, Family::Wgmma];
 
     pub fn name(self) -> &'static str {
         match self {
             Family::Fp32 => "fp32",
             Family::Tile32 => "tile32",
             Family::Stream => "stream",
+            Family::Wgmma => "wgmma",
         }
     }
 
@@ -33,12 +37,53 @@ impl Family {
         Family::ALL.into_iter().find(|f| f.name() == name)
     }
 
-    /// Rows (token, slot pairs) per sorted tile: the route pads each expert to this (`BM`).
+    /// The most rows (token, slot pairs) per sorted tile of the family (workspace sizing; a
+    /// spec's own is [`KernelSpec::tile_rows`]).
     pub fn tile_rows(self) -> usize {
         match self {
             Family::Stream => 16,
             Family::Fp32 | Family::Tile32 => 32,
+            Family::Wgmma => 128,
         }
+    }
+}
+
+impl Family {
+    /// The family that runs a launch when the device's self-test refused this one: it can run
+    /// every launch this family can (on the same device). Exhaustive, so a new family answers.
+    pub fn fallback(self) -> Option<Family> {
+        match self {
+            Family::Stream | Family::Wgmma => Some(Family::Tile32),
+            Family::Tile32 => Some(Family::Fp32),
+            Family::Fp32 => None,
+        }
+    }
+}
+
+/// A set of families (bit `1 << family`): those a device's self-test accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FamilySet(u32);
+
+impl FamilySet {
+    pub const NONE: FamilySet = FamilySet(0);
+    pub fn all() -> FamilySet {
+        Family::ALL.into_iter().collect()
+    }
+    pub fn contains(self, f: Family) -> bool {
+        self.0 & (1 << f as u32) != 0
+    }
+    pub fn insert(&mut self, f: Family) {
+        self.0 |= 1 << f as u32;
+    }
+}
+
+impl FromIterator<Family> for FamilySet {
+    fn from_iter<I: IntoIterator<Item = Family>>(iter: I) -> FamilySet {
+        let mut s = FamilySet::NONE;
+        for f in iter {
+            s.insert(f);
+        }
+        s
     }
 }
 
@@ -63,6 +108,12 @@ pub struct KernelSpec {
     /// Stream family: warps (of 8) splitting K in stage 1 and stage 2 (`SW_KW1`, `SW_KW2`);
     /// the block holds 8 / kw row groups. Unused by the other families.
     pub split_k: [u32; 2],
+    /// Wgmma family: weight rows per warpgroup MMA (`WG_N`, 128 or 256) and sorted rows per
+    /// tile (`BM`, 64 or 128). Unused by the others.
+    pub wgmma_n: u32,
+    pub wgmma_bm: u32,
+    /// Wgmma family: blocks resident per SM (`WG_MIN_BLOCKS`, 1 or 2): the ring shrinks to fit.
+    pub wgmma_blocks: u32,
 }
 
 impl KernelSpec {
@@ -85,6 +136,57 @@ impl KernelSpec {
             has_mask: launch.expert_mask.is_some(),
             fp8_fnuz: launch.w13.elem == ElemType::Fp8E4m3fnuz,
             split_k: [8, 8],
+            wgmma_n: 128,
+            wgmma_bm: 128,
+            wgmma_blocks: 1,
+        }
+    }
+
+    /// Rows (token, slot pairs) per sorted tile: the route pads each expert to this (`BM`).
+    pub fn tile_rows(&self) -> usize {
+        match self.family {
+            Family::Wgmma => self.wgmma_bm as usize,
+            f => f.tile_rows(),
+        }
+    }
+
+    /// Wgmma family: weight rows of a block (the two warpgroups share them on 128-row tiles
+    /// and take `wgmma_n` each on 64-row tiles).
+    fn wgmma_block_rows(&self) -> usize {
+        let n = self.wgmma_n as usize;
+        if self.wgmma_bm == 128 {
+            n
+        } else {
+            2 * n
+        }
+    }
+
+    /// Wgmma family: stages of its cp.async ring, as many as the SM's 227 KiB of shared
+    /// memory holds for `wgmma_blocks` blocks (at most 5).
+    fn wgmma_stages(&self) -> usize {
+        let stage = (self.wgmma_bm as usize + self.wgmma_block_rows()) * 128;
+        let per_block = 227 * 1024 / self.wgmma_blocks.max(1) as usize - 1024;
+        (per_block / stage).min(5)
+    }
+
+    /// Dynamic shared memory of each GEMM block: the wgmma family's ring (per stage the tile's
+    /// activation rows and the block's weight rows of 128 bytes, plus 1 KiB to align the base);
+    /// the other families' shared memory is static, under the 48 KiB default.
+    pub fn dynamic_shared_bytes(&self) -> usize {
+        match self.family {
+            Family::Wgmma => {
+                self.wgmma_stages() * (self.wgmma_bm as usize + self.wgmma_block_rows()) * 128
+                    + 1024
+            }
+            _ => 0,
+        }
+    }
+
+    /// The NVRTC architecture for `arch` ("sm_90"): the wgmma family needs the sm_90a target.
+    pub fn compile_arch(&self, arch: &str) -> String {
+        match self.family {
+            Family::Wgmma => format!("{arch}a"),
+            _ => arch.to_string(),
         }
     }
 
@@ -93,6 +195,7 @@ impl KernelSpec {
         match self.family {
             Family::Fp32 => (64, 64),
             Family::Tile32 => (64, 128),
+            Family::Wgmma => (self.wgmma_block_rows() / 2, self.wgmma_block_rows()),
             Family::Stream => {
                 let groups = |kw: u32| 8 / kw.clamp(1, 8) as usize;
                 (16 * groups(self.split_k[0]), 32 * groups(self.split_k[1]))
@@ -111,7 +214,7 @@ impl KernelSpec {
         let b = |v: bool| v as i32;
         let mut d = vec![
             format!("FAMILY={}", self.family as i32),
-            format!("BM={}", self.family.tile_rows()),
+            format!("BM={}", self.tile_rows()),
             format!("WFMT={}", self.weight_format as i32),
             format!("WLAYOUT={}", self.weight_layout as i32),
             format!("SLAYOUT={slayout}"),
@@ -129,6 +232,12 @@ impl KernelSpec {
         if self.family == Family::Stream {
             d.push(format!("SW_KW1={}", self.split_k[0]));
             d.push(format!("SW_KW2={}", self.split_k[1]));
+        }
+        if self.family == Family::Wgmma {
+            d.push(format!("WG_N={}", self.wgmma_n));
+            d.push(format!("WG_STAGES={}", self.wgmma_stages()));
+            d.push(format!("WG_SMEM_BYTES={}", self.dynamic_shared_bytes()));
+            d.push(format!("WG_MIN_BLOCKS={}", self.wgmma_blocks));
         }
         d
     }
@@ -214,6 +323,27 @@ mod tests {
         for f in Family::ALL {
             assert_eq!(Family::from_name(f.name()), Some(f));
         }
-        assert_eq!(Family::from_name("wgmma"), None);
+        assert_eq!(Family::from_name("mfma"), None);
+    }
+
+    #[test]
+    fn every_fallback_chain_ends_at_fp32_without_a_cycle() {
+        for f in Family::ALL {
+            let mut at = f;
+            for _ in 0..Family::ALL.len() {
+                match at.fallback() {
+                    Some(next) => at = next,
+                    None => break,
+                }
+            }
+            assert_eq!(at, Family::Fp32, "{f:?}");
+        }
+        let s: FamilySet = [Family::Stream, Family::Fp32].into_iter().collect();
+        assert!(s.contains(Family::Stream) && s.contains(Family::Fp32));
+        assert!(!s.contains(Family::Tile32));
+        assert!(Family::ALL
+            .into_iter()
+            .all(|f| FamilySet::all().contains(f)));
+        assert!(!FamilySet::NONE.contains(Family::Fp32));
     }
 }

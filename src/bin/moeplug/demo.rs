@@ -89,6 +89,7 @@ fn quantize(x: &mut [bf16], rows: usize, k: usize) -> Result<(Vec<u8>, Vec<u8>),
         format: moeplug_weight_format::Mxfp4 as i32,
         round_mode: 0,
         shuffle_scale: 0,
+        out_fragment: std::ptr::null_mut(),
     };
     check("moeplug_quantize_mx", unsafe {
         moeplug_quantize_mx(&args, std::ptr::null_mut())

@@ -1,0 +1,314 @@
+#pragma once
+#include "moe_common.cuh"
+
+#if BM != 64 && BM != 128
+#error "this family's thread mapping is written for 64- and 128-row tiles"
+#endif
+#include "mma_sm90.cuh"
+
+// GEMM family FAMILY_WGMMA: Hopper warpgroup MMA for many tokens per expert (CUDA sm_90a).
+//
+// Two warpgroups each issue wgmma m64nWG_Nk16 (16-bit) or m64nWG_Nk32 (fp8 e4m3) on operand
+// tiles in shared memory, K in steps of one 128-byte row (64 16-bit or 128 fp8 values). With
+// BM = 128 they take 64 sorted rows each against the same WG_N weight rows; with BM = 64 they
+// share the 64 rows and take WG_N weight rows each (fewer padding rows per expert). Both operands are K-major rows of
+// 128 bytes in the 128-byte swizzle, copied from global memory with 16-byte cp.async into a
+// ring of WG_STAGES stages (activation rows are gathered through the sorted index, so a row
+// is one copy per 16 bytes, zero-filled for padding rows, columns past K and weight rows past
+// N). The copies for step k + WG_STAGES - 2 are issued while step k's MMAs run; one MMA group
+// stays in flight.
+//
+// Covered (heuristics::wgmma_spec_unsupported): bf16 x bf16 and fp16 x fp16 (activations of
+// the weights' type, the caller's dtype), and e4m3fn weights (per tensor, per channel,
+// block 128) with fp8 activations (per token, per tensor, block 128). fp8 products are summed
+// in two levels: each step's MMAs go to a partial sum that is added into the fp32
+// accumulator (the tensor core's fp8 sums keep ~14 bits), scaled there by the block-128
+// scales of the step; the other scales do not vary along K and are applied in the epilogue.
+// Each warpgroup's WG_N weight rows of stage 1 are WG_N / 2 gate and WG_N / 2 up rows of the
+// same output columns, so the epilogue pairs them in-thread.
+// WG_N (weight rows per block: 128 or 256), WG_STAGES (ring depth) and WG_SMEM_BYTES (the
+// dynamic shared memory the host launches with) come from spec.rs.
+// WG_MIN_BLOCKS: blocks per SM the register budget is for.
+#if !defined(WG_N) || !defined(WG_STAGES) || !defined(WG_SMEM_BYTES) || !defined(WG_MIN_BLOCKS)
+#error "WG_N, WG_STAGES, WG_SMEM_BYTES, WG_MIN_BLOCKS: set by the host"
+#endif
+#if WG_STAGES < 3
+#error "the ring needs 3 stages (copies run WG_STAGES - 2 steps ahead)"
+#endif
+#define WG_ROW 128                   // bytes per operand row per K step
+#define WG_B_ROWS (BM == 128 ? WG_N : 2 * WG_N)  // weight rows of a block
+#define WG_A_BYTES (BM * WG_ROW)         // activation tile of one stage
+#define WG_B_BYTES (WG_B_ROWS * WG_ROW)  // weight tile of one stage
+#define WG_STAGE_BYTES (WG_A_BYTES + WG_B_BYTES)
+#define WG_ESIZE (ACT_Q ? 1 : 2)     // operand bytes per value
+#define WG_KSTEP (WG_ROW / WG_ESIZE)  // K values per step
+#define WG_FOLD (ACT_Q != 0)                 // fp8: two-level sums
+#define WG_KSCALE (WFMT == WF_FP8_BLOCK128)  // a weight/activation scale per step
+#if WG_KSCALE && (ACT_Q != AD_FP8_BLOCK128 || WG_KSTEP != 128)
+#error "fp8 block-128 weights run with fp8 block-128 activations (one scale block per step)"
+#endif
+#define WG_A_CHUNKS (WG_A_BYTES / 16 / THREADS)  // 16-byte copies per thread per step
+#define WG_B_CHUNKS (WG_B_BYTES / 16 / THREADS)
+#define WG_ACC (WG_N / 2)  // accumulator registers per thread
+#if WG_SMEM_BYTES < WG_STAGES * WG_STAGE_BYTES + 1024  // + 1024: the base is aligned up
+#error "WG_SMEM_BYTES does not hold the ring"
+#endif
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  return (u32)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global -> shared, asynchronously; `bytes` 0 fills the 16 bytes with zeros.
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile.
+__device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * WG_ROW + ((c ^ (r & 7)) << 4)); }
+
+__device__ __forceinline__ void wg_mma(float* d, u32 a, u32 b, int acc) {
+  u64 da = wgmma_desc(a), db = wgmma_desc(b);
+#if ACT_Q
+#if WG_N == 128
+  wgmma_e4m3_n128(d, da, db, acc);
+#else
+  wgmma_e4m3_n256(d, da, db, acc);
+#endif
+#elif ACT_F16
+#if WG_N == 128
+  wgmma_f16_n128(d, da, db, acc);
+#else
+  wgmma_f16_n256(d, da, db, acc);
+#endif
+#else
+#if WG_N == 128
+  wgmma_bf16_n128(d, da, db, acc);
+#else
+  wgmma_bf16_n256(d, da, db, acc);
+#endif
+#endif
+}
+
+// Output columns of a block (stage 1: gate/up pairs).
+#define WG_COLS1 (WG_B_ROWS / 2)
+#define WG_COLS2 WG_B_ROWS
+
+// Physical weight row of block row r (stage 1: each warpgroup's WG_N rows are WG_N / 2 gate
+// rows, then the up rows of the same columns), and whether its column exists.
+template <bool GATED>
+__device__ __forceinline__ int wg_row(const Params& p, int n0, int r, bool& ok) {
+  int half = WG_N / 2, rr = r % WG_N;
+  int col = GATED ? n0 + (r / WG_N) * half + rr % half : n0 + r;
+  ok = col < (GATED ? p.I : p.H);
+  return GATED ? (rr < half ? gate_row(col, p.Ip) : up_row(col, p.Ip)) : col;
+}
+
+template <bool GATED>
+__device__ void moe_gemm_wg(const Params& p) {
+  extern __shared__ u8 wg_smem_raw[];
+  __shared__ int s_row[BM];
+  int tile = blockIdx.x;
+  if (tile >= *(const int*)p.total_tiles) return;  // empty tile: exit before any load
+  int e = ((const int*)p.tile_expert)[tile];
+  int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  int gid = lane >> 2, tig = lane & 3;
+  int n0 = blockIdx.y * (GATED ? WG_COLS1 : WG_COLS2);
+  // This warpgroup's activation rows and weight rows in the block.
+  int a_row0 = BM == 128 ? 64 * wg : 0, b_row0 = BM == 128 ? 0 : WG_N * wg;
+  if (tid < BM) s_row[tid] = ((const int*)p.sorted_rows)[tile * BM + tid];
+  // The swizzle works on address bits: every tile starts 1024-aligned.
+  u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;
+
+  int K = GATED ? p.H : p.I;
+  int Kst = GATED ? p.Hp : p.Ip;
+  int Nst = GATED ? 2 * p.Ip : p.Hp;
+  i64 wrow_bytes = (i64)Kst * WG_ESIZE;
+  const u8* W = (const u8*)(GATED ? p.w13 : p.w2) + (i64)e * Nst * wrow_bytes;
+  const u8* S = (const u8*)(GATED ? p.w13_scale : p.w2_scale);
+  i64 kbytes = (i64)K * WG_ESIZE;  // bytes of a row that are real columns
+  int nk = (K + WG_KSTEP - 1) / WG_KSTEP;
+  __syncthreads();
+
+  // This thread's copies: activation rows ar + 32 i, chunk ac; weight rows br(i), chunk bc.
+  const u8* asrc[WG_A_CHUNKS];
+  int ac = tid & 7;
+#pragma unroll
+  for (int i = 0; i < WG_A_CHUNKS; ++i) {
+    int q = s_row[(tid >> 3) + 32 * i];
+    asrc[i] = nullptr;
+    if (q >= 0) {
+#if ACT_Q
+      i64 row = GATED ? q / p.topk : q;
+      asrc[i] = (const u8*)(GATED ? p.xq : p.aq) + row * K;
+#else
+      asrc[i] = GATED ? (const u8*)p.x + (i64)(q / p.topk) * p.x_cols * 2
+                      : (const u8*)p.inter + (i64)q * p.I * 2;
+#endif
+    }
+  }
+  // AITER 16x16: 16 rows of one 16-byte chunk column are 256 contiguous bytes; a thread takes
+  // rows (tid & 15) of 16-row groups (tid >> 7) + 2 i, chunk (tid >> 4) & 7.
+  const u8* bsrc[WG_B_CHUNKS];
+  int bc = (tid >> 4) & 7;
+#pragma unroll
+  for (int i = 0; i < WG_B_CHUNKS; ++i) {
+    int r = 16 * ((tid >> 7) + 2 * i) + (tid & 15);
+    bool ok;
+    int R = wg_row<GATED>(p, n0, r, ok);
+#if WLAYOUT == WL_AITER_16X16
+    bsrc[i] = ok ? W + (i64)(R >> 4) * (wrow_bytes / 16) * 256 + (R & 15) * 16 : nullptr;
+#else
+    bsrc[i] = ok ? W + (i64)R * wrow_bytes : nullptr;
+#endif
+  }
+
+  auto load_step = [&](int ks) {
+    u32 sa = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES, sb = sa + WG_A_BYTES;
+#pragma unroll
+    for (int i = 0; i < WG_A_CHUNKS; ++i) {
+      i64 off = (i64)ks * WG_ROW + ac * 16;
+      bool ok = asrc[i] && off < kbytes;
+      cp_async16(sa + swz((tid >> 3) + 32 * i, ac), ok ? asrc[i] + off : (const u8*)p.x, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < WG_B_CHUNKS; ++i) {
+      int kc = ks * (WG_ROW / 16) + bc;
+      bool ok = bsrc[i] && (i64)kc * 16 < kbytes;
+#if WLAYOUT == WL_AITER_16X16
+      const u8* src = bsrc[i] + (i64)kc * 256;
+#else
+      const u8* src = bsrc[i] + (i64)kc * 16;
+#endif
+      cp_async16(sb + swz(16 * ((tid >> 7) + 2 * i) + (tid & 15), bc), ok ? src : (const u8*)p.x,
+                 ok ? 16 : 0);
+    }
+  };
+
+  float acc[WG_ACC];
+#pragma unroll
+  for (int i = 0; i < WG_ACC; ++i) acc[i] = 0.0f;
+#if WG_FOLD
+  float part[WG_ACC];
+#endif
+#if WG_KSCALE
+  // Rows of this thread's accumulators (activation scales) and the weight rows of its two
+  // column halves (one 128-row scale block each: columns start on multiples of 64).
+  int r0 = a_row0 + 16 * warp + gid;
+  int q0 = s_row[r0], q1 = s_row[r0 + 8];
+  const float* xs = (const float*)(GATED ? p.xs : p.as);
+  int ng = GATED ? p.ng1 : p.ng2;
+  i64 srow0 = q0 < 0 ? -1 : (GATED ? q0 / p.topk : q0), srow1 = q1 < 0 ? -1 : (GATED ? q1 / p.topk : q1);
+  bool okh0, okh1;
+  int Rh0 = wg_row<GATED>(p, n0, b_row0, okh0);
+  int Rh1 = wg_row<GATED>(p, n0, b_row0 + WG_N / 2, okh1);
+#endif
+
+#pragma unroll
+  for (int s = 0; s < WG_STAGES - 2; ++s) {
+    if (s < nk) load_step(s);
+    cp_async_commit();
+  }
+  u32 a_wg = (u32)(a_row0 * WG_ROW), b_wg = (u32)(b_row0 * WG_ROW);
+  for (int ks = 0; ks < nk; ++ks) {
+    cp_async_wait<WG_STAGES - 3>();  // this thread's copies of step ks have landed
+    fence_proxy_async();
+    __syncthreads();  // everyone's have; and every warpgroup is done with step ks - 2
+    if (ks + WG_STAGES - 2 < nk) load_step(ks + WG_STAGES - 2);
+    cp_async_commit();
+    u32 sa = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + a_wg;
+    u32 sb = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES + b_wg;
+    wgmma_fence();
+#if WG_FOLD
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wg_mma(part, sa + 32 * kk, sb + 32 * kk, kk > 0);
+    wgmma_commit();
+#if WG_KSCALE
+    int k = ks * WG_KSTEP;
+    float a0 = srow0 >= 0 ? xs[srow0 * ng + k / 128] : 0.0f;
+    float a1 = srow1 >= 0 ? xs[srow1 * ng + k / 128] : 0.0f;
+    float w0 = okh0 ? w_scale(S, e, Rh0, k, Nst, Kst) : 0.0f;
+    float w1 = okh1 ? w_scale(S, e, Rh1, k, Nst, Kst) : 0.0f;
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) {
+      float w = GATED && (i / 4) * 8 >= WG_N / 2 ? w1 : w0;  // up half of stage 1
+      acc[i] = fmaf(part[i], ((i & 2) ? a1 : a0) * w, acc[i]);
+    }
+#else
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) acc[i] += part[i];
+#endif
+#else
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wg_mma(acc, sa + 32 * kk, sb + 32 * kk, 1);
+    wgmma_commit();
+    wgmma_wait<1>();
+#endif
+  }
+  wgmma_wait<0>();
+  cp_async_wait<0>();
+
+  // Epilogue: scales that do not vary along K, then the shared stage epilogues.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    int r = a_row0 + 16 * warp + gid + 8 * h, q = s_row[r];
+    if (q < 0) continue;
+    float w = ((const float*)p.topk_weights)[q];
+    float sa = 1.0f;
+#if ACT_Q && !WG_KSCALE
+    sa = ((const float*)(GATED ? p.xs : p.as))[(i64)(GATED ? q / p.topk : q) *
+                                                (GATED ? p.ng1 : p.ng2)];
+#endif
+    if (GATED) {
+#pragma unroll
+      for (int j = 0; j < WG_N / 16; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          int col = n0 + (b_row0 / 2) + 8 * j + 2 * tig + c;
+          if (col >= p.I) continue;
+          float g = acc[4 * j + 2 * h + c], u = acc[4 * (j + WG_N / 16) + 2 * h + c];
+#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
+          g = g * sa * w_scale(S, e, gate_row(col, p.Ip), 0, Nst, Kst);
+          u = u * sa * w_scale(S, e, up_row(col, p.Ip), 0, Nst, Kst);
+#else
+          g *= sa;
+          u *= sa;
+#endif
+          store_gated(p, e, q, col, g, u, w);
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < WG_N / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          int col = n0 + b_row0 + 8 * j + 2 * tig + c;
+          if (col >= p.H) continue;
+          float v = acc[4 * j + 2 * h + c] * sa;
+#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
+          v *= w_scale(S, e, col, 0, Nst, Kst);
+#endif
+          store_down(p, e, q, col, v, w);
+        }
+    }
+  }
+}
+
+MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS) moe_stage1(Params p) {
+  moe_gemm_wg<true>(p);
+}
+MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS) moe_stage2(Params p) {
+  moe_gemm_wg<false>(p);
+}
