@@ -159,6 +159,10 @@ fn bench(mxfp4: bool, m: usize, rng: &mut Rng) -> (Duration, f64) {
         output: &tout,
         workspace: std::ptr::null(),
         stream: std::ptr::null_mut(),
+        stage1_act_scale: std::ptr::null(),
+        stage2_act_scale: std::ptr::null(),
+        stage2_act_dtype: 0,
+        reserved0: 0,
     };
     let run = || {
         // SAFETY: all pointers name live buffers of this frame.

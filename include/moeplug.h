@@ -416,6 +416,17 @@ enum moeplug_activation
    * g' = min(g, L), u' = clamp(u, -L, L), g' * sigmoid(alpha * g') * (u' + 1).
    */
   MOEPLUG_ACTIVATION_SWIGLU_OAI = 3,
+  /**
+   * gelu(g) * u with gelu's tanh approximation (AITER ActivationType.GeluTanh; Gemma);
+   * the limit clamps as for SILU/GELU. 1.1.
+   */
+  MOEPLUG_ACTIVATION_GELU_TANH = 4,
+  /**
+   * No activation and no gate (AITER ActivationType.No): `w13` holds only the up
+   * projection (`[E, Ip, Hp]`, gate_mode SEPARATED, biases `[E, Ip]`) and the intermediate
+   * is the up output itself; alpha is unused and limit must be 0. 1.1.
+   */
+  MOEPLUG_ACTIVATION_NONE = 5,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -549,6 +560,20 @@ enum moeplug_feature
    * count (set only where a test proves it; docs/determinism.md). ABI 1.1.
    */
   MOEPLUG_FEATURE_DETERMINISTIC = (1 << 6),
+  /**
+   * 1.1: pre-quantized `hidden_states` with `hidden_scale` (fp8 per-token, fp8 1x128,
+   * MXFP4, MXFP8 act dtypes; docs/layouts.md "Pre-quantized activations").
+   */
+  MOEPLUG_FEATURE_PREQUANTIZED_INPUT = (1 << 7),
+  /**
+   * 1.1: static per-tensor activation scales `stage1_act_scale` / `stage2_act_scale`
+   * (FP8_PER_TENSOR; vLLM's a1_scale / a2_scale).
+   */
+  MOEPLUG_FEATURE_STATIC_ACT_SCALE = (1 << 8),
+  /**
+   * 1.1: a `stage2_act_dtype` other than the stage-1 act_dtype.
+   */
+  MOEPLUG_FEATURE_STAGE2_ACT_DTYPE = (1 << 9),
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -858,6 +883,27 @@ typedef struct moeplug_fused_moe_args {
    * `cudaStream_t` / `hipStream_t`; NULL = the default stream.
    */
   void *stream;
+  /**
+   * 1.1: static stage-1 activation scale (vLLM's `a1_scale`): a fp32 tensor of shape `[1]`
+   * or `[]` on the launch's device, finite and > 0; the stage-1 input is quantized as
+   * fp8(x / scale) and no amax is computed. Only with act_dtype FP8_PER_TENSOR. NULL =
+   * dynamic (amax over the stage input).
+   */
+  const struct moeplug_tensor *stage1_act_scale;
+  /**
+   * 1.1: the same for the stage-2 input (vLLM's `a2_scale`); needs the stage-2 act dtype
+   * FP8_PER_TENSOR.
+   */
+  const struct moeplug_tensor *stage2_act_scale;
+  /**
+   * 1.1: a `moeplug_act_dtype` value for the stage-2 input (0 -> the stage-1 act_dtype);
+   * one of the weight format's act dtypes (feature STAGE2_ACT_DTYPE when it differs).
+   */
+  int32_t stage2_act_dtype;
+  /**
+   * Reserved: must be zero.
+   */
+  uint32_t reserved0;
 } moeplug_fused_moe_args;
 
 /**

@@ -34,9 +34,13 @@ struct Params {
   u64 topk_weights, topk_ids, expert_mask, num_local_tokens, out;
   u64 total_tiles, tile_expert, sorted_rows, pair_local, inter, y;
   u64 amax, xq, xs, aq, as;  // amax: 2 x u32 (stage 1, stage 2); codes u8; scales f32
+  // Static FP8_PER_TENSOR scales of the stage inputs (one f32 each; 0 = from the amax), and
+  // the caller's hidden_scale of pre-quantized hidden_states (0 = x is 16-bit).
+  u64 act_scale1, act_scale2, x_scale;
   int M, topk, E, E_global, H, Hp, I, Ip, x_cols, out_cols, max_tiles, ng1;
   float alpha, limit;
   int has_limit, ng2;
+  int x_scale_cols;  // scales per row of hidden_scale
 };
 
 #ifndef ACT_Q
@@ -222,6 +226,8 @@ __device__ __forceinline__ float activate(float g, float u, const Params& p) {
   }
 #if ACT == AF_SILU
   return g * sigmoid(g) * u;
+#elif ACT == AF_GELU_TANH
+  return 0.5f * g * (1.0f + tanhf(0.7978846f * (g + 0.044715f * g * g * g))) * u;
 #else
   return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f)) * u;
 #endif
@@ -464,7 +470,8 @@ __device__ void quant_rows(const Params& p) {
 #if QG == 0
   float scale;
 #if ACT_Q == AD_FP8_PER_TENSOR
-  scale = group_scale(__uint_as_float(((const u32*)p.amax)[STAGE - 1]));
+  const float* fixed = (const float*)(STAGE == 1 ? p.act_scale1 : p.act_scale2);
+  scale = fixed ? *fixed : group_scale(__uint_as_float(((const u32*)p.amax)[STAGE - 1]));
 #else
   float m = 0.0f;
   for (int k = tid; k < K; k += THREADS) m = fmaxf(m, fabsf(quant_src<STAGE>(src, k)));
@@ -490,6 +497,34 @@ __device__ void quant_rows(const Params& p) {
     }
   }
 #endif
+#endif
+}
+
+// Pre-quantized hidden_states (docs/layouts.md "Pre-quantized activations"): the caller's
+// codes (MXFP4 packed two per byte, low nibble first) and scales (f32 for fp8, e8m0 for MX)
+// copied into the stage-1 workspace in the form quant_rows<1> writes, one block per row.
+MP_KERNEL void __launch_bounds__(THREADS) moe_import1(Params p) {
+#if ACT_Q
+  i64 row = blockIdx.x;
+  if (row >= local_tokens(p)) return;  // uniform over the block
+  const u8* src = (const u8*)p.x + row * p.x_cols;
+  u8* codes = (u8*)p.xq + row * p.H;
+  for (int k = threadIdx.x; k < p.H; k += THREADS) {
+#if ACT_Q == AD_MXFP4
+    codes[k] = (src[k >> 1] >> (4 * (k & 1))) & 15u;
+#else
+    codes[k] = src[k];
+#endif
+  }
+  float* scales = (float*)p.xs + row * p.ng1;
+  for (int g = threadIdx.x; g < p.ng1; g += THREADS) {
+    i64 at = row * p.x_scale_cols + g;
+#if ACT_Q == AD_MXFP4 || ACT_Q == AD_MXFP8
+    scales[g] = mp_e8m0_to_f32(((const u8*)p.x_scale)[at]);
+#else
+    scales[g] = ((const float*)p.x_scale)[at];
+#endif
+  }
 #endif
 }
 

@@ -149,6 +149,8 @@ fn activation_spelling(a: Activation) -> &'static str {
         Activation::Silu => "Silu",
         Activation::Gelu => "Gelu",
         Activation::SwigluOai => "Swiglu",
+        Activation::GeluTanh => "GeluTanh",
+        Activation::NoActivation => "No",
     }
 }
 

@@ -101,6 +101,8 @@ abi_enum!(
         Silu = Silu => "silu",
         Gelu = Gelu => "gelu",
         SwigluOai = SwigluOai => "swiglu_oai",
+        GeluTanh = GeluTanh => "gelu_tanh",
+        NoActivation = None => "none",
     }
 );
 
@@ -162,7 +164,10 @@ pub mod feature {
     pub const GRAPH_CAPTURE: u32 = F::GraphCapture as u32;
     pub const DEVICE_PREP: u32 = F::DevicePrep as u32;
     pub const DETERMINISTIC: u32 = F::Deterministic as u32;
-    pub const NAMES: [(u32, &str); 7] = [
+    pub const PREQUANTIZED_INPUT: u32 = F::PrequantizedInput as u32;
+    pub const STATIC_ACT_SCALE: u32 = F::StaticActScale as u32;
+    pub const STAGE2_ACT_DTYPE: u32 = F::Stage2ActDtype as u32;
+    pub const NAMES: [(u32, &str); 10] = [
         (BIAS, "bias"),
         (EXPERT_MASK, "expert_mask"),
         (NUM_LOCAL_TOKENS, "num_local_tokens"),
@@ -170,6 +175,9 @@ pub mod feature {
         (GRAPH_CAPTURE, "graph_capture"),
         (DEVICE_PREP, "device_prep"),
         (DETERMINISTIC, "deterministic"),
+        (PREQUANTIZED_INPUT, "prequantized_input"),
+        (STATIC_ACT_SCALE, "static_act_scale"),
+        (STAGE2_ACT_DTYPE, "stage2_act_dtype"),
     ];
     /// A bit added to `vocab` without a name above does not compile.
     #[allow(dead_code)]
@@ -182,6 +190,9 @@ pub mod feature {
             F::GraphCapture => GRAPH_CAPTURE,
             F::DevicePrep => DEVICE_PREP,
             F::Deterministic => DETERMINISTIC,
+            F::PrequantizedInput => PREQUANTIZED_INPUT,
+            F::StaticActScale => STATIC_ACT_SCALE,
+            F::Stage2ActDtype => STAGE2_ACT_DTYPE,
         };
         NAMES.iter().find(|(b, _)| *b == bit).map_or("", |(_, n)| n)
     }
@@ -209,6 +220,26 @@ impl ActDtype {
     /// Whether activations are quantized before a GEMM (anything but bf16/fp16).
     pub fn is_quantized(self) -> bool {
         !matches!(self, ActDtype::Bf16 | ActDtype::Fp16)
+    }
+
+    /// The act dtypes whose quantized form a caller may pass as `hidden_states` with
+    /// `hidden_scale` (docs/layouts.md "Pre-quantized activations").
+    pub const PREQUANTIZABLE: &'static [ActDtype] = &[
+        ActDtype::Fp8PerToken,
+        ActDtype::Fp8Block128,
+        ActDtype::Mxfp4,
+        ActDtype::Mxfp8,
+    ];
+
+    /// Elements per scale group along a row: 0 = the whole row (per token), None = no
+    /// scale (16-bit) or one scale for the whole tensor.
+    pub fn scale_group(self) -> Option<usize> {
+        match self {
+            ActDtype::Fp8PerToken => Some(0),
+            ActDtype::Fp8Block128 => Some(128),
+            ActDtype::Mxfp4 | ActDtype::Mxfp8 => Some(32),
+            ActDtype::Bf16 | ActDtype::Fp16 | ActDtype::Fp8PerTensor => None,
+        }
     }
 }
 
@@ -263,6 +294,11 @@ impl WeightFormat {
 }
 
 impl Activation {
+    /// Whether `w13` holds gate and up halves (every activation but NONE).
+    pub fn is_gated(self) -> bool {
+        self != Activation::NoActivation
+    }
+
     /// docs/abi.md §2: alpha 0 → 1.702 (SWIGLU_OAI only uses it).
     pub fn resolve_alpha(self, alpha: f32) -> f32 {
         if alpha == 0.0 {

@@ -120,6 +120,13 @@ pub enum moeplug_activation {
     Gelu = 2,
     /// g' = min(g, L), u' = clamp(u, -L, L), g' * sigmoid(alpha * g') * (u' + 1).
     SwigluOai = 3,
+    /// gelu(g) * u with gelu's tanh approximation (AITER ActivationType.GeluTanh; Gemma);
+    /// the limit clamps as for SILU/GELU. 1.1.
+    GeluTanh = 4,
+    /// No activation and no gate (AITER ActivationType.No): `w13` holds only the up
+    /// projection (`[E, Ip, Hp]`, gate_mode SEPARATED, biases `[E, Ip]`) and the intermediate
+    /// is the up output itself; alpha is unused and limit must be 0. 1.1.
+    None = 5,
 }
 
 /// Physical order of weight bytes.
@@ -184,6 +191,14 @@ pub enum moeplug_feature {
     /// Repeat launches with the same inputs give the same output bytes, whatever the thread
     /// count (set only where a test proves it; docs/determinism.md). ABI 1.1.
     Deterministic = 1 << 6,
+    /// 1.1: pre-quantized `hidden_states` with `hidden_scale` (fp8 per-token, fp8 1x128,
+    /// MXFP4, MXFP8 act dtypes; docs/layouts.md "Pre-quantized activations").
+    PrequantizedInput = 1 << 7,
+    /// 1.1: static per-tensor activation scales `stage1_act_scale` / `stage2_act_scale`
+    /// (FP8_PER_TENSOR; vLLM's a1_scale / a2_scale).
+    StaticActScale = 1 << 8,
+    /// 1.1: a `stage2_act_dtype` other than the stage-1 act_dtype.
+    Stage2ActDtype = 1 << 9,
 }
 
 /// Bits of `moeplug_layout.flags`.

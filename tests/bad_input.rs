@@ -220,6 +220,10 @@ fn fused_args(l: &moeplug_layout) -> moeplug_fused_moe_args {
         output: ptr::null(),
         workspace: ptr::null(),
         stream: ptr::null_mut(),
+        stage1_act_scale: ptr::null(),
+        stage2_act_scale: ptr::null(),
+        stage2_act_dtype: 0,
+        reserved0: 0,
     }
 }
 
@@ -323,6 +327,9 @@ fn gpu_limits_are_data_the_launch_check_consults() {
                 alpha: 1.702,
                 limit: None,
                 act_dtype: moeplug::types::ActDtype::Bf16,
+                stage2_act_dtype: moeplug::types::ActDtype::Bf16,
+                prequantized_input: false,
+                static_act_scale: [false; 2],
                 router_weight_on_input: false,
                 has_expert_mask: false,
                 has_num_local_tokens: false,
@@ -342,6 +349,8 @@ fn gpu_limits_are_data_the_launch_check_consults() {
             output: t("output", 6, ElemType::Bf16, &[m, 1]),
             workspace: None,
             stream: 0,
+            stage1_act_scale: None,
+            stage2_act_scale: None,
         };
         match check_launch(&launch) {
             Ok(_) => assert!(ok, "M {m} k {k} passed"),

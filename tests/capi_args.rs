@@ -64,6 +64,10 @@ fn args(l: &moeplug_layout, hidden: *const moeplug_tensor) -> moeplug_fused_moe_
         output: ptr::null(),
         workspace: ptr::null(),
         stream: ptr::null_mut(),
+        stage1_act_scale: ptr::null(),
+        stage2_act_scale: ptr::null(),
+        stage2_act_dtype: 0,
+        reserved0: 0,
     }
 }
 

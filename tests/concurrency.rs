@@ -46,6 +46,9 @@ fn launch(kind: usize) -> Launch {
         expert_mask: None,
         num_local_tokens: None,
         output: T::zeros(&[m, h], BF16),
+        stage1_act_scale: None,
+        stage2_act_scale: None,
+        stage2_act_dtype: 0,
     }
 }
 

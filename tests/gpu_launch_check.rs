@@ -47,6 +47,9 @@ fn base(mem: &mut Mem) -> MoeLaunch {
             alpha: 1.702,
             limit: None,
             act_dtype: ActDtype::Bf16,
+            stage2_act_dtype: ActDtype::Bf16,
+            prequantized_input: false,
+            static_act_scale: [false; 2],
             router_weight_on_input: false,
             has_expert_mask: false,
             has_num_local_tokens: false,
@@ -66,6 +69,8 @@ fn base(mem: &mut Mem) -> MoeLaunch {
         output: mem.t("output", ElemType::Bf16, &[M, 64]),
         workspace: None,
         stream: 0,
+        stage1_act_scale: None,
+        stage2_act_scale: None,
     }
 }
 
@@ -74,6 +79,7 @@ fn fp8_u8(mem: &mut Mem) -> MoeLaunch {
     let mut l = base(mem);
     l.config.layout = Layout::new(4, 1, 1, 0, E as i64, [64, 32, 64, 64], 0).unwrap();
     l.config.act_dtype = ActDtype::Fp8PerToken;
+    l.config.stage2_act_dtype = ActDtype::Fp8PerToken;
     l.w13 = mem.t("w13", ElemType::U8, &[E, 128, 64]);
     l.w2 = mem.t("w2", ElemType::U8, &[E, 64, 64]);
     l.w13_scale = Some(mem.t("w13_scale", ElemType::F32, &[E, 128]));
@@ -100,6 +106,8 @@ fn on_cuda(l: &MoeLaunch) -> MoeLaunch {
         g.w2_bias.as_mut(),
         g.expert_mask.as_mut(),
         g.num_local_tokens.as_mut(),
+        g.stage1_act_scale.as_mut(),
+        g.stage2_act_scale.as_mut(),
     ];
     for t in all.into_iter().flatten() {
         t.device = DeviceKind::Cuda;
@@ -161,7 +169,7 @@ fn bad_launches_get_the_same_status_and_message_on_cpu_and_gpu() {
     case("hidden dtype", Status::InvalidArgument, &|l, m| {
         l.hidden_states = m.t("hidden_states", ElemType::F32, &[M, 64])
     });
-    case("hidden scale", Status::Unsupported, &|l, m| {
+    case("hidden scale", Status::InvalidArgument, &|l, m| {
         l.hidden_scale = Some(m.t("hidden_scale", ElemType::F32, &[M, 1]))
     });
     case("ids rows", Status::InvalidArgument, &|l, m| {
@@ -190,7 +198,8 @@ fn bad_launches_get_the_same_status_and_message_on_cpu_and_gpu() {
         l.config.layout.intermediate_padded = 40;
     });
     case("act dtype for format", Status::Unsupported, &|l, _| {
-        l.config.act_dtype = ActDtype::Fp8PerToken
+        l.config.act_dtype = ActDtype::Fp8PerToken;
+        l.config.stage2_act_dtype = ActDtype::Fp8PerToken;
     });
     case("output aliases input", Status::InvalidArgument, &|l, _| {
         l.output.ptr = l.hidden_states.ptr
@@ -238,6 +247,7 @@ fn workspace_grows_with_quantized_activations() {
         .workspace_bytes;
     let mut b = l.clone();
     b.config.act_dtype = ActDtype::Bf16;
+    b.config.stage2_act_dtype = ActDtype::Bf16;
     let plain = launch::validate(&caps, &on_cuda(&b))
         .unwrap()
         .workspace_bytes;
@@ -246,4 +256,59 @@ fn workspace_grows_with_quantized_activations() {
     assert_eq!(launch::scale_groups(ActDtype::Fp8Block128, 2880), 23);
     assert_eq!(launch::scale_groups(ActDtype::Mxfp4, 2880), 90);
     assert_eq!(launch::scale_groups(ActDtype::Fp8PerToken, 2880), 1);
+}
+
+/// The 1.1 options on CUDA: static scales and pre-quantized inputs pass the GPU check as on
+/// the CPU; a separate stage-2 act dtype and the activation NONE are refused with
+/// UNSUPPORTED naming them (the kernels do not implement them), and caps do not claim them.
+#[test]
+fn launch_options_of_abi_1_1_on_cuda() {
+    use moeplug::types::{feature, Activation};
+    let mut mem = Mem::default();
+    let mut l = fp8_u8(&mut mem);
+    l.config.act_dtype = ActDtype::Fp8PerTensor;
+    l.config.stage2_act_dtype = ActDtype::Fp8PerTensor;
+    l.config.static_act_scale = [true, true];
+    l.stage1_act_scale = Some(mem.t("stage1_act_scale", ElemType::F32, &[1]));
+    l.stage2_act_scale = Some(mem.t("stage2_act_scale", ElemType::F32, &[]));
+    assert_eq!(gpu_answer(&l), Ok(()));
+
+    let mut p = fp8_u8(&mut mem);
+    p.config.act_dtype = ActDtype::Fp8Block128;
+    p.config.stage2_act_dtype = ActDtype::Fp8Block128;
+    p.config.layout.weight_format = moeplug::types::WeightFormat::Fp8Block128;
+    p.w13_scale = Some(mem.t("w13_scale", ElemType::F32, &[E, 1, 1]));
+    p.w2_scale = Some(mem.t("w2_scale", ElemType::F32, &[E, 1, 1]));
+    p.config.prequantized_input = true;
+    p.hidden_states = mem.t("hidden_states", ElemType::Fp8E4m3fn, &[M, 64]);
+    p.hidden_scale = Some(mem.t("hidden_scale", ElemType::F32, &[M, 1]));
+    assert_eq!(gpu_answer(&p), Ok(()));
+
+    let mut s2 = fp8_u8(&mut mem);
+    s2.config.stage2_act_dtype = ActDtype::Bf16;
+    assert_eq!(cpu_answer(&s2), Ok(()));
+    assert_eq!(
+        gpu_answer(&s2),
+        Err((
+            Status::Unsupported,
+            "feature stage2_act_dtype (a stage-2 act dtype other than act_dtype) is not \
+             supported by the cuda backend"
+                .into()
+        ))
+    );
+    let mut none = fp8_u8(&mut mem);
+    none.config.activation = Activation::NoActivation;
+    assert_eq!(
+        gpu_answer(&none),
+        Err((
+            Status::Unsupported,
+            "activation none is not supported by the cuda backend (sm_90)".into()
+        ))
+    );
+    let caps = gpu_caps("sm_90", "test");
+    assert_eq!(caps.activations & Activation::NoActivation.bit(), 0);
+    assert_ne!(caps.activations & Activation::GeluTanh.bit(), 0);
+    assert_eq!(caps.features & feature::STAGE2_ACT_DTYPE, 0);
+    assert_ne!(caps.features & feature::PREQUANTIZED_INPUT, 0);
+    assert_ne!(caps.features & feature::STATIC_ACT_SCALE, 0);
 }

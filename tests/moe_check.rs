@@ -39,6 +39,9 @@ fn base() -> Launch {
         expert_mask: None,
         num_local_tokens: None,
         output: T::zeros(&[M, h], BF16),
+        stage1_act_scale: None,
+        stage2_act_scale: None,
+        stage2_act_dtype: 0,
     }
 }
 
@@ -187,8 +190,8 @@ fn every_check_error_has_its_status_and_message() {
         (
             "hidden scale",
             { let mut l = base(); l.hidden_scale = Some(T::zeros(&[M, 2], E8M0)); l },
-            UNSUPPORTED,
-            "hidden_scale: pre-quantized hidden_states (with hidden_scale) are not supported by this backend yet; pass bf16/fp16 hidden_states and choose act_dtype",
+            INVALID,
+            "hidden_scale: pre-quantized hidden_states need act_dtype fp8_per_token, fp8_block128, mxfp4 or mxfp8, got bf16",
         ),
         (
             "ids rows",
@@ -327,9 +330,11 @@ fn caps_report_what_the_tests_prove() {
     assert_eq!(c.weight_formats, 0b1_1111_1110); // BF16..MXFP8, INT4_GROUP32 (tests/int4.rs)
     assert_eq!(c.act_dtypes, 0b1111_1110);
     assert_eq!(c.gate_modes, 0b1110);
-    assert_eq!(c.activations, 0b1110);
+    assert_eq!(c.activations, 0b11_1110); // SILU..SWIGLU_OAI, GELU_TANH, NONE
     assert_eq!(c.weight_layouts, 0b110);
     assert_eq!(c.scale_layouts, 0b1_1110); // PLAIN..CDNA4_SWIZZLE, AITER_INT4
-                                           // BIAS, EXPERT_MASK, NUM_LOCAL_TOKENS, ROUTER_WEIGHT_ON_INPUT, DETERMINISTIC (tests/determinism.rs)
-    assert_eq!(c.features, 0b100_1111);
+                                           // BIAS, EXPERT_MASK, NUM_LOCAL_TOKENS, ROUTER_WEIGHT_ON_INPUT, DETERMINISTIC
+                                           // (tests/determinism.rs); PREQUANTIZED_INPUT, STATIC_ACT_SCALE, STAGE2_ACT_DTYPE
+                                           // (tests/launch_fields.rs, tests/moe_reference.rs)
+    assert_eq!(c.features, 0b11_1100_1111);
 }

@@ -113,6 +113,9 @@ fn launch_for(c: &Case, (wl, sl, gm): (i32, i32, i32)) -> Launch {
         expert_mask: None,
         num_local_tokens: None,
         output: T::zeros(&[T_, D], BF16),
+        stage1_act_scale: None,
+        stage2_act_scale: None,
+        stage2_act_dtype: 0,
     };
     if mx {
         let s1 = reorder_gate_up(&g("input.w1_scale_e8m0"), E, I, D / 32, gm);

@@ -32,7 +32,7 @@ ABI_MAJOR = 1
 WEIGHT_FORMATS = {"bf16": 1, "fp16": 2, "fp8_per_tensor": 3, "fp8_per_channel": 4, "fp8_block128": 5, "mxfp4": 6, "mxfp8": 7, "int4_group32": 8}  # int4_group32: ABI 1.1
 ACT_DTYPES = {"default": 0, "bf16": 1, "fp16": 2, "fp8_per_token": 3, "fp8_per_tensor": 4, "fp8_block128": 5, "mxfp4": 6, "mxfp8": 7}
 GATE_MODES = {"separated": 1, "interleave": 2, "interleave_rows": 3}
-ACTIVATIONS = {"silu": 1, "gelu": 2, "swiglu_oai": 3}
+ACTIVATIONS = {"silu": 1, "gelu": 2, "swiglu_oai": 3, "gelu_tanh": 4, "none": 5}  # 4, 5: ABI 1.1
 WEIGHT_LAYOUTS = {"plain": 1, "aiter_16x16": 2}
 # "cdna4" is an alias the package accepts; the header knows the value as CDNA4_SWIZZLE.
 SCALE_LAYOUTS = {"plain": 1, "aiter_e8m0": 2, "cdna4_swizzle": 3, "cdna4": 3, "aiter_int4": 4}  # aiter_int4: ABI 1.1
@@ -71,6 +71,10 @@ FEATURES = {
     "graph_capture": 1 << 4,
     "device_prep": 1 << 5,
     "deterministic": 1 << 6,  # ABI 1.1
+    # ABI 1.1 launch options
+    "prequantized_input": 1 << 7,
+    "static_act_scale": 1 << 8,
+    "stage2_act_dtype": 1 << 9,
 }
 LAYOUT_FLAGS = {"has_bias": 1 << 0, "aiter_target": 1 << 1}
 FRAGMENT_BIAS = {"unknown": 0, "absent": 1, "present": 2}  # ABI 1.1
@@ -335,6 +339,11 @@ class FusedMoeArgs(_Sized):
         ("output", TensorP),
         ("workspace", TensorP),
         ("stream", c_void_p),
+        # ABI 1.1
+        ("stage1_act_scale", TensorP),
+        ("stage2_act_scale", TensorP),
+        ("stage2_act_dtype", c_int32),
+        ("reserved0", c_uint32),
     ]
 
 

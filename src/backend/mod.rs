@@ -89,7 +89,10 @@ impl Caps {
             features: feature::BIAS
                 | feature::EXPERT_MASK
                 | feature::NUM_LOCAL_TOKENS
-                | feature::ROUTER_WEIGHT_ON_INPUT,
+                | feature::ROUTER_WEIGHT_ON_INPUT
+                | feature::PREQUANTIZED_INPUT
+                | feature::STATIC_ACT_SCALE
+                | feature::STAGE2_ACT_DTYPE,
             limits: Limits::of(backend),
         }
     }
@@ -221,18 +224,30 @@ pub fn check_against_caps(caps: &Caps, c: &MoeConfig) -> Result<()> {
         c.act_dtype.label(),
         caps,
     )?;
-    if !l.weight_format.allowed_act_dtypes().contains(&c.act_dtype) {
-        return Err(Error::unsupported(format!(
-            "act_dtype {} is not defined for weight_format {} (allowed: {})",
-            c.act_dtype.label(),
-            l.weight_format.label(),
-            l.weight_format
-                .allowed_act_dtypes()
-                .iter()
-                .map(|a| a.label())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
+    require(
+        caps.act_dtypes,
+        c.stage2_act_dtype.bit(),
+        "stage2_act_dtype",
+        c.stage2_act_dtype.label(),
+        caps,
+    )?;
+    for (field, act) in [
+        ("act_dtype", c.act_dtype),
+        ("stage2_act_dtype", c.stage2_act_dtype),
+    ] {
+        if !l.weight_format.allowed_act_dtypes().contains(&act) {
+            return Err(Error::unsupported(format!(
+                "{field} {} is not defined for weight_format {} (allowed: {})",
+                act.label(),
+                l.weight_format.label(),
+                l.weight_format
+                    .allowed_act_dtypes()
+                    .iter()
+                    .map(|a| a.label())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
     }
     use crate::types::feature as f;
     let wants = [
@@ -247,6 +262,21 @@ pub fn check_against_caps(caps: &Caps, c: &MoeConfig) -> Result<()> {
             c.router_weight_on_input,
             f::ROUTER_WEIGHT_ON_INPUT,
             "ROUTER_WEIGHT_ON_INPUT",
+        ),
+        (
+            c.prequantized_input,
+            f::PREQUANTIZED_INPUT,
+            "prequantized_input (hidden_scale)",
+        ),
+        (
+            c.static_act_scale.contains(&true),
+            f::STATIC_ACT_SCALE,
+            "static_act_scale (stage1_act_scale / stage2_act_scale)",
+        ),
+        (
+            c.stage2_act_dtype != c.act_dtype,
+            f::STAGE2_ACT_DTYPE,
+            "stage2_act_dtype (a stage-2 act dtype other than act_dtype)",
         ),
     ];
     for (wanted, bit, name) in wants {

@@ -7,7 +7,7 @@ use super::types::{moeplug_fused_moe_args, moeplug_layout, moeplug_moe_flag};
 use crate::backend::{self, Backend};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, PreparedLayout, FLAG_AITER_TARGET};
-use crate::moe::check::{check_launch, check_record};
+use crate::moe::check::{check_config, check_launch, check_record};
 use crate::moe::{MoeConfig, MoeLaunch};
 use crate::tensor::ElemType;
 use crate::types::{ActDtype, Activation};
@@ -59,11 +59,30 @@ pub unsafe fn read_record(
     Ok((prepared, aiter))
 }
 
+/// Which optional inputs a launch passes (non-NULL pointers), for the configuration.
+struct Present {
+    expert_mask: bool,
+    num_local_tokens: bool,
+    hidden_scale: bool,
+    act_scale: [bool; 2],
+}
+
+impl Present {
+    fn of(a: &moeplug_fused_moe_args) -> Present {
+        Present {
+            expert_mask: !a.expert_mask.is_null(),
+            num_local_tokens: !a.num_local_tokens.is_null(),
+            hidden_scale: !a.hidden_scale.is_null(),
+            act_scale: [!a.stage1_act_scale.is_null(), !a.stage2_act_scale.is_null()],
+        }
+    }
+}
+
 fn resolve_config(
     a: &moeplug_fused_moe_args,
     prepared: PreparedLayout,
     input_is_fp16: bool,
-    has: [bool; 2],
+    has: Present,
 ) -> Result<MoeConfig> {
     let layout = prepared.layout;
     let activation = enum_or(a.activation, Activation::Silu, |v| {
@@ -75,6 +94,15 @@ fn resolve_config(
         |v| ActDtype::from_raw("act_dtype", v),
     )?;
     prepared.check_act_dtype(act_dtype)?;
+    let stage2_act_dtype = enum_or(a.stage2_act_dtype, act_dtype, |v| {
+        ActDtype::from_raw("stage2_act_dtype", v)
+    })?;
+    if a.reserved0 != 0 {
+        return Err(Error::invalid(format!(
+            "reserved0: must be zero, got {:#x}",
+            a.reserved0
+        )));
+    }
     if !a.alpha.is_finite() || !a.limit.is_finite() || a.limit < 0.0 {
         return Err(Error::invalid(format!(
             "alpha/limit: expected finite values with limit >= 0, got alpha {} limit {}",
@@ -87,16 +115,21 @@ fn resolve_config(
             "flags: unknown bits {unknown:#x}"
         )));
     }
-    Ok(MoeConfig {
+    let config = MoeConfig {
         layout,
         activation,
         alpha: activation.resolve_alpha(a.alpha),
         limit: activation.resolve_limit(a.limit),
         act_dtype,
+        stage2_act_dtype,
+        prequantized_input: has.hidden_scale,
+        static_act_scale: has.act_scale,
         router_weight_on_input: a.flags & FLAG_ROUTER_WEIGHT_ON_INPUT != 0,
-        has_expert_mask: has[0],
-        has_num_local_tokens: has[1],
-    })
+        has_expert_mask: has.expert_mask,
+        has_num_local_tokens: has.num_local_tokens,
+    };
+    check_config(&config)?;
+    Ok(config)
 }
 
 /// The configuration alone (for `moeplug_check_fused_moe`): tensors may be NULL.
@@ -111,12 +144,7 @@ pub unsafe fn read_config(ptr: *const moeplug_fused_moe_args) -> Result<MoeConfi
     layout.check_fingerprint()?;
     let hidden = optional_tensor(a.hidden_states, "hidden_states")?;
     let fp16 = hidden.map(|h| h.elem == ElemType::F16).unwrap_or(false);
-    resolve_config(
-        &a,
-        layout,
-        fp16,
-        [!a.expert_mask.is_null(), !a.num_local_tokens.is_null()],
-    )
+    resolve_config(&a, layout, fp16, Present::of(&a))
 }
 
 /// Configuration and tensors of a launch (the workspace query reads the same).
@@ -133,7 +161,7 @@ pub unsafe fn read_launch(ptr: *const moeplug_fused_moe_args) -> Result<MoeLaunc
         &a,
         layout,
         hidden_states.elem == ElemType::F16,
-        [expert_mask.is_some(), num_local_tokens.is_some()],
+        Present::of(&a),
     )?;
     let workspace = optional_tensor(a.workspace, "workspace")?;
     let launch = MoeLaunch {
@@ -153,6 +181,8 @@ pub unsafe fn read_launch(ptr: *const moeplug_fused_moe_args) -> Result<MoeLaunc
         output: tensor(a.output, "output")?,
         workspace,
         stream: a.stream as usize,
+        stage1_act_scale: optional_tensor(a.stage1_act_scale, "stage1_act_scale")?,
+        stage2_act_scale: optional_tensor(a.stage2_act_scale, "stage2_act_scale")?,
     };
     // Tensors that disagree with the record are reported by the backend's launch check as
     // for a record without fingerprint; a record the tensors agree with is then compared

@@ -475,4 +475,17 @@ pub struct moeplug_fused_moe_args {
     pub workspace: *const moeplug_tensor,
     /// `cudaStream_t` / `hipStream_t`; NULL = the default stream.
     pub stream: *mut c_void,
+    /// 1.1: static stage-1 activation scale (vLLM's `a1_scale`): a fp32 tensor of shape `[1]`
+    /// or `[]` on the launch's device, finite and > 0; the stage-1 input is quantized as
+    /// fp8(x / scale) and no amax is computed. Only with act_dtype FP8_PER_TENSOR. NULL =
+    /// dynamic (amax over the stage input).
+    pub stage1_act_scale: *const moeplug_tensor,
+    /// 1.1: the same for the stage-2 input (vLLM's `a2_scale`); needs the stage-2 act dtype
+    /// FP8_PER_TENSOR.
+    pub stage2_act_scale: *const moeplug_tensor,
+    /// 1.1: a `moeplug_act_dtype` value for the stage-2 input (0 -> the stage-1 act_dtype);
+    /// one of the weight format's act dtypes (feature STAGE2_ACT_DTYPE when it differs).
+    pub stage2_act_dtype: i32,
+    /// Reserved: must be zero.
+    pub reserved0: u32,
 }

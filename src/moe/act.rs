@@ -36,9 +36,19 @@ pub fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
+/// GELU with the tanh approximation (torch's `gelu(approximate="tanh")`):
+/// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), evaluated in f64 and rounded once, as
+/// [`gelu`]'s erf is: the reference should not add f32 rounding of its own.
+pub fn gelu_tanh(x: f32) -> f32 {
+    let x = x as f64;
+    let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044_715 * x * x * x);
+    (0.5 * x * (1.0 + inner.tanh())) as f32
+}
+
 impl GatedAct {
-    /// act(gate, up). SILU/GELU clamp only when a limit was given (gate from above, up both
-    /// ways); SWIGLU_OAI always has one (default 7).
+    /// act(gate, up). SILU/GELU/GELU_TANH clamp only when a limit was given (gate from
+    /// above, up both ways); SWIGLU_OAI always has one (default 7). NONE is not gated: the
+    /// result is `u` (the launch check refuses a limit with it).
     #[inline]
     pub fn apply(&self, g: f32, u: f32) -> f32 {
         let (g, u) = match self.limit {
@@ -49,6 +59,8 @@ impl GatedAct {
             Activation::Silu => g * sigmoid(g) * u,
             Activation::Gelu => gelu(g) * u,
             Activation::SwigluOai => g * sigmoid(self.alpha * g) * (u + 1.0),
+            Activation::GeluTanh => gelu_tanh(g) * u,
+            Activation::NoActivation => u,
         }
     }
 }

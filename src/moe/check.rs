@@ -18,9 +18,9 @@
 use crate::backend::Limits;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::moe::MoeLaunch;
+use crate::moe::{MoeConfig, MoeLaunch};
 use crate::tensor::{format_shape, ElemType, Tensor};
-use crate::types::{GateMode, ScaleLayout, WeightFormat, WeightLayout};
+use crate::types::{ActDtype, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
 /// Rows of one F1 tile (AITER `shuffle_weight` layout (16, 16)).
 pub const F1_ROWS: usize = 16;
@@ -89,6 +89,70 @@ fn elem_size(format: WeightFormat) -> usize {
     match format {
         WeightFormat::Bf16 | WeightFormat::Fp16 => 2,
         _ => 1,
+    }
+}
+
+fn labels(acts: &[ActDtype]) -> String {
+    let names: Vec<&str> = acts.iter().map(|a| a.label()).collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => names.join(""),
+    }
+}
+
+fn not_prequantizable(act: ActDtype) -> Error {
+    Error::invalid(format!(
+        "hidden_scale: pre-quantized hidden_states need act_dtype {}, got {}",
+        labels(ActDtype::PREQUANTIZABLE),
+        act.label()
+    ))
+}
+
+/// The rules of the launch options among themselves, for every backend (what
+/// `moeplug_check_fused_moe` reports before any tensor is looked at): all INVALID_ARGUMENT.
+pub fn check_config(c: &MoeConfig) -> Result<()> {
+    if c.prequantized_input && !ActDtype::PREQUANTIZABLE.contains(&c.act_dtype) {
+        return Err(not_prequantizable(c.act_dtype));
+    }
+    for (stage, (given, act)) in c
+        .static_act_scale
+        .iter()
+        .zip([c.act_dtype, c.stage2_act_dtype])
+        .enumerate()
+    {
+        if *given && act != ActDtype::Fp8PerTensor {
+            return Err(Error::invalid(format!(
+                "stage{n}_act_scale: a static scale needs the stage-{n} act dtype {}, got {}",
+                ActDtype::Fp8PerTensor.label(),
+                act.label(),
+                n = stage + 1
+            )));
+        }
+    }
+    if !c.activation.is_gated() {
+        if c.layout.gate_mode != GateMode::Separated {
+            return Err(Error::invalid(format!(
+                "activation none: w13 holds only the up projection, so layout.gate_mode must be \
+                 separated, got {}",
+                c.layout.gate_mode.label()
+            )));
+        }
+        if let Some(l) = c.limit {
+            return Err(Error::invalid(format!(
+                "limit: activation none takes no limit, got {l}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Rows of `w13` per expert: gate and up halves, or only up without a gated activation.
+pub fn w13_rows(c: &MoeConfig) -> usize {
+    let ip = c.layout.intermediate_padded;
+    if c.activation.is_gated() {
+        2 * ip
+    } else {
+        ip
     }
 }
 
@@ -293,18 +357,64 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
 
     // Activations.
     let h = &launch.hidden_states;
-    if let Some(s) = &launch.hidden_scale {
-        return Err(Error::unsupported(format!(
-            "{}: pre-quantized hidden_states (with hidden_scale) are not supported by this \
-             backend yet; pass bf16/fp16 hidden_states and choose act_dtype",
-            s.name
-        )));
+    let c = &launch.config;
+    // The options the tensors ask for obey the option rules, and are the configuration's.
+    let asked = MoeConfig {
+        prequantized_input: launch.hidden_scale.is_some(),
+        static_act_scale: [
+            launch.stage1_act_scale.is_some(),
+            launch.stage2_act_scale.is_some(),
+        ],
+        ..*c
+    };
+    check_config(&asked)?;
+    if asked != *c {
+        return Err(Error::invalid(
+            "hidden_scale / stage1_act_scale / stage2_act_scale: the tensors given disagree \
+             with the launch configuration",
+        ));
     }
-    h.expect_elem(&[ElemType::Bf16, ElemType::F16])?;
+    if !c.prequantized_input {
+        h.expect_elem(&[ElemType::Bf16, ElemType::F16])?;
+    }
     h.expect_ndim(2)?;
     let m = h.dim(0);
     let cols_why = format!("hidden_size={}, hidden_padded={hp}", l.hidden_size);
-    expect_shape_of(h, &[vec![m, l.hidden_size], vec![m, hp]], &cols_why)?;
+    if c.prequantized_input {
+        // Logical columns; the dtype is checked with the weights' (their fp8 flavour).
+        let cols = prequantized_cols(h, c.act_dtype);
+        if cols != l.hidden_size && cols != hp {
+            let want = if l.hidden_size == hp {
+                format!("{hp}")
+            } else {
+                format!("{} or {hp}", l.hidden_size)
+            };
+            return Err(Error::mismatch(format!(
+                "hidden_states: expected {want} columns (codes of {}) from the layout record \
+                 ({cols_why}), got shape {}",
+                c.act_dtype.label(),
+                h.shape_str()
+            )));
+        }
+    } else {
+        expect_shape_of(h, &[vec![m, l.hidden_size], vec![m, hp]], &cols_why)?;
+    }
+    for (stage, t) in [&launch.stage1_act_scale, &launch.stage2_act_scale]
+        .into_iter()
+        .enumerate()
+    {
+        if let Some(t) = t {
+            t.expect_elem(&[ElemType::F32])?;
+            if t.numel() != 1 || t.ndim() > 1 {
+                return Err(Error::invalid(format!(
+                    "{}: expected shape [1] or [] (one fp32 scale for the stage-{} input), got {}",
+                    t.name,
+                    stage + 1,
+                    t.shape_str()
+                )));
+            }
+        }
+    }
     let out = &launch.output;
     out.expect_elem(&[ElemType::Bf16, ElemType::F16])?;
     out.expect_ndim(2)?;
@@ -381,14 +491,17 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
             launch.w2.elem.name()
         )));
     }
+    if c.prequantized_input {
+        check_prequantized(launch, weight_elem)?;
+    }
+    let (w13_rows, w13_rows_name) = if c.activation.is_gated() {
+        (2 * ip, "2*intermediate_padded")
+    } else {
+        (ip, "intermediate_padded (activation none: up rows only)")
+    };
     // uint8 fp4 is given in bytes, typed fp4 in values: messages follow the caller.
     for (w, rows, cols, what) in [
-        (
-            &launch.w13,
-            2 * ip,
-            hp,
-            ["2*intermediate_padded", "hidden_padded"],
-        ),
+        (&launch.w13, w13_rows, hp, [w13_rows_name, "hidden_padded"]),
         (&launch.w2, hp, ip, ["hidden_padded", "intermediate_padded"]),
     ] {
         let bytes = per == 2 && w.elem != ElemType::Fp4x2;
@@ -408,7 +521,7 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
 
     // Scales.
     for (scale, name, rows, cols) in [
-        (&launch.w13_scale, "w13_scale", 2 * ip, hp),
+        (&launch.w13_scale, "w13_scale", w13_rows, hp),
         (&launch.w2_scale, "w2_scale", hp, ip),
     ] {
         match (expected_scale_shapes(l, rows, cols), scale) {
@@ -446,7 +559,7 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
 
     // Biases: present exactly when the record says HAS_BIAS.
     for (bias, name, cols) in [
-        (&launch.w13_bias, "w13_bias", 2 * ip),
+        (&launch.w13_bias, "w13_bias", w13_rows),
         (&launch.w2_bias, "w2_bias", hp),
     ] {
         match (l.has_bias, bias) {
@@ -487,4 +600,85 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
         output_cols: out.dim(1),
         weight_elem,
     })
+}
+
+/// Logical columns of pre-quantized `hidden_states` (a uint8 MXFP4 row holds two per byte).
+fn prequantized_cols(h: &Tensor, act: ActDtype) -> usize {
+    let cols = h.shape.get(1).copied().unwrap_or(0);
+    if act == ActDtype::Mxfp4 {
+        2 * cols
+    } else {
+        cols
+    }
+}
+
+/// The element type of pre-quantized `hidden_states` codes for `act`: fp8 of the weights'
+/// flavour (e4m3fnuz only with e4m3fnuz weights), or packed e2m1 for MXFP4.
+pub fn prequantized_elem(act: ActDtype, weight_elem: ElemType) -> ElemType {
+    match act {
+        ActDtype::Mxfp4 => ElemType::Fp4x2,
+        _ if weight_elem == ElemType::Fp8E4m3fnuz => ElemType::Fp8E4m3fnuz,
+        _ => ElemType::Fp8E4m3fn,
+    }
+}
+
+/// Pre-quantized hidden_states and hidden_scale (docs/layouts.md "Pre-quantized
+/// activations"): codes `[M, C]` (C = hidden_size or hidden_padded; MXFP4 packed two per
+/// byte), scales per row and group of the codes' columns.
+fn check_prequantized(launch: &MoeLaunch, weight_elem: ElemType) -> Result<()> {
+    let act = launch.config.act_dtype;
+    let h = &launch.hidden_states;
+    let code = prequantized_elem(act, weight_elem);
+    if h.elem != code && h.elem != ElemType::U8 {
+        return Err(Error::invalid(format!(
+            "hidden_states: expected dtype {} (or uint8 holding it) for pre-quantized act_dtype \
+             {} with {} weights, got {}",
+            code.name(),
+            act.label(),
+            weight_elem.name(),
+            h.elem.name()
+        )));
+    }
+    let s = launch
+        .hidden_scale
+        .as_ref()
+        .expect("prequantized_input means hidden_scale is given");
+    let (m, cols) = (h.dim(0), prequantized_cols(h, act));
+    let (dtypes, shapes, why): (&[ElemType], Vec<Vec<usize>>, String) = match act.scale_group() {
+        Some(0) => (
+            &[ElemType::F32],
+            vec![vec![m], vec![m, 1]],
+            "one fp32 scale per row".into(),
+        ),
+        Some(g) if act == ActDtype::Fp8Block128 => (
+            &[ElemType::F32],
+            vec![vec![m, cols.div_ceil(g)]],
+            format!("one fp32 scale per 1x{g} group of {cols} columns"),
+        ),
+        Some(g) => (
+            &[ElemType::E8m0, ElemType::U8],
+            vec![vec![m, cols.div_ceil(g)]],
+            format!("one e8m0 scale per 1x{g} block of {cols} columns, plain row-major"),
+        ),
+        None => return Err(not_prequantizable(act)),
+    };
+    if !dtypes.contains(&s.elem) {
+        let names: Vec<&str> = dtypes.iter().map(|t| t.name()).collect();
+        return Err(Error::invalid(format!(
+            "hidden_scale: expected dtype {} for pre-quantized act_dtype {}, got {}",
+            names.join(" or "),
+            act.label(),
+            s.elem.name()
+        )));
+    }
+    if !shapes.contains(&s.shape) {
+        let wants: Vec<String> = shapes.iter().map(|w| format_shape(w)).collect();
+        return Err(Error::invalid(format!(
+            "hidden_scale: expected shape {} for act_dtype {} ({why}), got {}",
+            wants.join(" or "),
+            act.label(),
+            s.shape_str()
+        )));
+    }
+    Ok(())
 }

@@ -2,7 +2,7 @@
 //! AITER's sorting, activations and activation quantization.
 
 pub mod act;
-pub(crate) mod actquant;
+pub mod actquant;
 pub mod check;
 pub mod sort;
 
@@ -19,8 +19,14 @@ pub struct MoeConfig {
     pub alpha: f32,
     /// Resolved: None = no clamp.
     pub limit: Option<f32>,
-    /// Resolved: never DEFAULT.
+    /// Resolved: never DEFAULT. The stage-1 input's act dtype.
     pub act_dtype: ActDtype,
+    /// Resolved: the stage-2 input's act dtype (`act_dtype` unless the caller chose one).
+    pub stage2_act_dtype: ActDtype,
+    /// hidden_states arrive quantized in `act_dtype`, with `hidden_scale`.
+    pub prequantized_input: bool,
+    /// A static per-tensor scale is given for stage 1 / stage 2 (no amax).
+    pub static_act_scale: [bool; 2],
     pub router_weight_on_input: bool,
     pub has_expert_mask: bool,
     pub has_num_local_tokens: bool,
@@ -48,11 +54,14 @@ pub struct MoeLaunch {
     pub output: Tensor,
     pub workspace: Option<Tensor>,
     pub stream: usize,
+    /// `[1]` / `[]` f32 static scales of the stage inputs (FP8_PER_TENSOR).
+    pub stage1_act_scale: Option<Tensor>,
+    pub stage2_act_scale: Option<Tensor>,
 }
 
 impl MoeLaunch {
     /// Every tensor the launch reads (all but `output` and `workspace`), present or not.
-    pub fn inputs(&self) -> [Option<&Tensor>; 12] {
+    pub fn inputs(&self) -> [Option<&Tensor>; 14] {
         [
             Some(&self.hidden_states),
             self.hidden_scale.as_ref(),
@@ -66,6 +75,8 @@ impl MoeLaunch {
             Some(&self.topk_ids),
             self.expert_mask.as_ref(),
             self.num_local_tokens.as_ref(),
+            self.stage1_act_scale.as_ref(),
+            self.stage2_act_scale.as_ref(),
         ]
     }
 

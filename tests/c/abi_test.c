@@ -200,9 +200,10 @@ int main(int argc, char **argv) {
 
     expect("check(NULL)", check(MOEPLUG_DEVICE_TYPE_CPU, 0, NULL), MOEPLUG_INVALID_ARGUMENT, last_error,
            status_name, "args");
-    args.struct_size = sizeof args - 8;
+    args.struct_size = MOEPLUG_FUSED_MOE_ARGS_SIZE_V1_0 - 8; /* below the 1.0 size */
     expect("check(short)", check(MOEPLUG_DEVICE_TYPE_CPU, 0, &args), MOEPLUG_INVALID_ARGUMENT, last_error,
            status_name, "args.struct_size");
+    args.struct_size = sizeof args;
 
     /* A newer caller's larger struct: a zero tail is fine, a non-zero tail is refused. */
     struct {

@@ -66,7 +66,7 @@ impl T {
         T::new(vec![0; n * size], shape, dtype)
     }
     /// The C descriptor; `self` must stay put while it is used.
-    fn desc(&mut self) -> moeplug_tensor {
+    pub fn desc(&mut self) -> moeplug_tensor {
         self.store = vec![0u64; self.bytes.len().div_ceil(8)];
         // SAFETY: store holds at least bytes.len() bytes.
         unsafe {
@@ -83,7 +83,7 @@ impl T {
             self.bits,
         )
     }
-    fn read_back(&mut self) {
+    pub fn read_back(&mut self) {
         // SAFETY: store holds at least bytes.len() bytes.
         unsafe {
             std::ptr::copy_nonoverlapping(
@@ -138,6 +138,10 @@ pub struct Launch {
     pub expert_mask: Option<T>,
     pub num_local_tokens: Option<T>,
     pub output: T,
+    /// 1.1 fields: static per-tensor act scales and the stage-2 act dtype (0 = stage 1's).
+    pub stage1_act_scale: Option<T>,
+    pub stage2_act_scale: Option<T>,
+    pub stage2_act_dtype: i32,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -198,7 +202,7 @@ impl Launch {
             strides: std::ptr::null(),
             byte_offset: 0,
         };
-        let mut d = [blank; 14];
+        let mut d = [blank; 16];
         d[0] = self.hidden.desc();
         d[1] = self.w13.desc();
         d[2] = self.w2.desc();
@@ -206,7 +210,7 @@ impl Launch {
         d[4] = self.topk_ids.desc();
         d[5] = self.output.desc();
         let [hd, w13d, w2d, twd, tid, outd, r @ ..] = &mut d;
-        let [hs, s13, b13, s2, b2, mk, nl, _, ..] = r;
+        let [hs, s13, b13, s2, b2, mk, nl, a1, a2, ..] = r;
         let args = moeplug_fused_moe_args {
             struct_size: std::mem::size_of::<moeplug_fused_moe_args>() as u32,
             layout: &self.layout,
@@ -230,6 +234,10 @@ impl Launch {
             output: outd,
             workspace: std::ptr::null(),
             stream: std::ptr::null_mut(),
+            stage1_act_scale: opt(&mut self.stage1_act_scale, a1),
+            stage2_act_scale: opt(&mut self.stage2_act_scale, a2),
+            stage2_act_dtype: self.stage2_act_dtype,
+            reserved0: 0,
         };
         let mut bytes = 0usize;
         // SAFETY: every pointer names memory owned by self or this frame.

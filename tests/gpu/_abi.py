@@ -121,7 +121,7 @@ class Desc:
 
 
 def make_args(layout, tensors, *, activation="silu", alpha=0.0, limit=0.0, act_dtype="default",
-              router_weight_on_input=False, stream=None):
+              router_weight_on_input=False, stream=None, stage2_act_dtype="default"):
     """Build `moeplug_fused_moe_args`; `tensors` maps field names to torch tensors."""
     keep = [layout]
     a = FusedMoeArgs(struct_size=ctypes.sizeof(FusedMoeArgs))
@@ -130,6 +130,7 @@ def make_args(layout, tensors, *, activation="silu", alpha=0.0, limit=0.0, act_d
     a.alpha = alpha
     a.limit = limit
     a.act_dtype = ACT_DTYPE[act_dtype]
+    a.stage2_act_dtype = ACT_DTYPE[stage2_act_dtype]  # ABI 1.1; "default" = act_dtype
     a.flags = FLAG_ROUTER_WEIGHT_ON_INPUT if router_weight_on_input else 0
     for name, t in tensors.items():
         if t is None:

@@ -180,6 +180,8 @@ def activation(g, u, act, alpha, limit):
         u = u.clamp(-limit, limit)
     if act == "silu":
         return torch.nn.functional.silu(g) * u
+    if act == "gelu_tanh":
+        return torch.nn.functional.gelu(g, approximate="tanh") * u
     return torch.nn.functional.gelu(g) * u  # exact erf GELU
 
 

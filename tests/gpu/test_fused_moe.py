@@ -323,12 +323,13 @@ def test_workspace_too_small_and_unsupported():
     with pytest.raises(_abi.MoeplugError) as e:
         _abi.fused_moe(args)
     assert e.value.name == "BUFFER_TOO_SMALL" and str(need) in str(e.value)
-    # Pre-quantized hidden states are not implemented: UNSUPPORTED, as on the CPU.
+    # A hidden_scale with 16-bit activations is refused as on the CPU (pre-quantized inputs:
+    # test_launch_fields.py).
     tensors = dict(st["tensors"])
     tensors["hidden_scale"] = torch.ones(16, 1, device="cuda")
     with pytest.raises(_abi.MoeplugError) as e:
         _abi.fused_moe(_abi.make_args(st["layout"], tensors, **st["kw"]))
-    assert e.value.name == "UNSUPPORTED" and "hidden_scale" in str(e.value)
+    assert e.value.name == "INVALID_ARGUMENT" and "hidden_scale" in str(e.value)
     # Every activation dtype and scale layout passes the config check.
     layout = _abi.make_layout("mxfp4", "separated", "aiter_16x16", "cdna4_swizzle", 8, 192, 96,
                               192, 96, False)
@@ -382,15 +383,18 @@ def test_caps():
     assert c.act_dtypes == _abi.bit_mask(_abi.ACT_DTYPE)
     assert c.scale_layouts == _abi.bit_mask(_abi.SCALE_LAYOUT)
     assert c.gate_modes == _abi.bit_mask(_abi.GATE_MODE)
-    assert c.activations == _abi.bit_mask(_abi.ACTIVATION)
+    # Every activation but NONE (ABI 1.1: not on the GPU kernels).
+    assert c.activations == _abi.bit_mask(_abi.ACTIVATION) & ~(1 << _abi.ACTIVATION["none"])
     assert c.weight_layouts == _abi.bit_mask(_abi.WEIGHT_LAYOUT)
-    # BIAS, EXPERT_MASK, NUM_LOCAL_TOKENS, RWOI, GRAPH_CAPTURE, DEVICE_PREP, DETERMINISTIC
-    assert c.features == 0b1111111
+    # BIAS, EXPERT_MASK, NUM_LOCAL_TOKENS, RWOI, GRAPH_CAPTURE, DEVICE_PREP, DETERMINISTIC,
+    # PREQUANTIZED_INPUT, STATIC_ACT_SCALE (not STAGE2_ACT_DTYPE)
+    assert c.features == 0b1_1111_1111
     cpu = _abi.get_caps(1, 0)
-    for f in ["weight_formats", "act_dtypes", "gate_modes", "activations", "weight_layouts",
-              "scale_layouts"]:
+    for f in ["weight_formats", "act_dtypes", "gate_modes", "weight_layouts", "scale_layouts"]:
         assert getattr(c, f) == getattr(cpu, f), f
-    assert c.features == cpu.features | (1 << 4) | (1 << 5)  # CPU: DETERMINISTIC, no GPU bits
+    assert c.activations == cpu.activations & ~(1 << _abi.ACTIVATION["none"])
+    # CPU: DETERMINISTIC and the launch options, no GPU bits; CUDA: no STAGE2_ACT_DTYPE
+    assert c.features == (cpu.features | (1 << 4) | (1 << 5)) & ~(1 << 9)
 
 
 @pytest.mark.parametrize("fmt,act_dtype", [("mxfp4", "bf16"), ("fp8_per_tensor", "fp8_per_tensor"),

@@ -369,8 +369,9 @@ fn in_weight_order<'a>(
 
 /// Quantize the rows of a stage input as `act` says (writes the dequantized values back).
 /// All-zero rows (slots nobody routed to) stay zero and never raise a per-tensor amax.
-/// `tensor_amax`: the amax of the whole stage input (FP8_PER_TENSOR; the launch is tiled).
-fn quantize_rows(buf: &mut [f32], width: usize, act: ActDtype, fp8: Fp8Kind, tensor_amax: f32) {
+/// `tensor_scale`: the FP8_PER_TENSOR scale of the whole stage input (static, or from the
+/// amax over the launch: the launch is tiled).
+fn quantize_rows(buf: &mut [f32], width: usize, act: ActDtype, fp8: Fp8Kind, tensor_scale: f32) {
     match act {
         ActDtype::Bf16 => parallel_rows(buf, width, |_, r| {
             r.iter_mut().for_each(|x| *x = actquant::round_bf16(*x))
@@ -379,12 +380,9 @@ fn quantize_rows(buf: &mut [f32], width: usize, act: ActDtype, fp8: Fp8Kind, ten
             r.iter_mut().for_each(|x| *x = actquant::round_f16(*x))
         }),
         ActDtype::Fp8PerToken => parallel_rows(buf, width, |_, r| actquant::fp8_quant_row(r, fp8)),
-        ActDtype::Fp8PerTensor => {
-            let scale = actquant::fp8_scale_for(tensor_amax, fp8);
-            parallel_rows(buf, width, |_, r| {
-                actquant::fp8_quant_with_scale(r, scale, fp8)
-            })
-        }
+        ActDtype::Fp8PerTensor => parallel_rows(buf, width, |_, r| {
+            actquant::fp8_quant_with_scale(r, tensor_scale, fp8)
+        }),
         ActDtype::Fp8Block128 => {
             parallel_rows(buf, width, |_, r| actquant::fp8_quant_row_block128(r, fp8))
         }
@@ -432,8 +430,12 @@ fn scale_of<'a>(
     }
 }
 
-/// Stage-1 output row p of w13 (in its stored row order) → (0 gate | 1 up, index j).
-fn gate_up_of(mode: GateMode, p: usize, ip: usize) -> (usize, usize) {
+/// Stage-1 output row p of w13 (in its stored row order) → (0 gate | 1 up, index j). A
+/// non-gated w13 holds only up rows.
+fn gate_up_of(gated: bool, mode: GateMode, p: usize, ip: usize) -> (usize, usize) {
+    if !gated {
+        return (1, p);
+    }
     let logical = match mode {
         GateMode::Separated => p,
         GateMode::Interleave => {
@@ -474,8 +476,10 @@ struct Launch<'a> {
     i: usize,
     ip: usize,
     e_local: usize,
-    hidden: &'a [u16],
+    hidden: Hidden<'a>,
     in_elem: ElemType,
+    /// Rows of w13 per expert (2·Ip gated, Ip for activation NONE).
+    w13_rows: usize,
     out_elem: ElemType,
     ids: &'a [i32],
     weights: &'a [f32],
@@ -487,6 +491,18 @@ struct Launch<'a> {
     fp8: Fp8Kind,
     w13: WeightMatrix<'a>,
     w2: WeightMatrix<'a>,
+}
+
+/// The caller's hidden_states: 16-bit values, or codes and scales of a pre-quantized input
+/// (row strides in bytes).
+enum Hidden<'a> {
+    Values(&'a [u16]),
+    Quantized {
+        codes: &'a [u8],
+        scales: &'a [u8],
+        code_stride: usize,
+        scale_stride: usize,
+    },
 }
 
 /// The buffers of one chunk of `tokens` tokens, allocated once per launch.
@@ -595,11 +611,27 @@ impl Launch<'_> {
     fn read_x(&self, t0: usize, n: usize, ch: &mut Chunk) -> usize {
         let rows = self.num_tokens.min(t0 + n).saturating_sub(t0);
         let (h, cols) = (self.h, self.shape.hidden_cols);
+        let act = self.c.act_dtype;
         parallel_rows(&mut ch.x[..rows * h], h, |r, row| {
             let t = t0 + r;
-            let src = &self.hidden[t * cols..t * cols + h];
-            for (d, &b) in row.iter_mut().zip(src) {
-                *d = read_f16ish(b, self.in_elem);
+            match self.hidden {
+                Hidden::Values(v) => {
+                    for (d, &b) in row.iter_mut().zip(&v[t * cols..t * cols + h]) {
+                        *d = read_f16ish(b, self.in_elem);
+                    }
+                }
+                Hidden::Quantized {
+                    codes,
+                    scales,
+                    code_stride,
+                    scale_stride,
+                } => actquant::dequantize_row(
+                    &codes[t * code_stride..(t + 1) * code_stride],
+                    &scales[t * scale_stride..(t + 1) * scale_stride],
+                    act,
+                    self.fp8,
+                    row,
+                ),
             }
         });
         rows
@@ -607,18 +639,22 @@ impl Launch<'_> {
 
     /// Routing, stage 1 and the activation of tokens `t0..t0 + n`: `ch.a2` holds the stage-2
     /// input of every slot (zero where unrouted), before stage-2 quantization.
-    fn stage1(&self, t0: usize, n: usize, x_amax: f32, ch: &mut Chunk) {
+    /// `x_scale`: the FP8_PER_TENSOR scale of the stage-1 input. A pre-quantized input is
+    /// read as the GEMM's values already.
+    fn stage1(&self, t0: usize, n: usize, x_scale: f32, ch: &mut Chunk) {
         let (topk, i, ip) = (self.topk, self.i, self.ip);
         let c = self.c;
         self.route(t0, n, ch);
         let rows = self.read_x(t0, n, ch);
-        quantize_rows(
-            &mut ch.x[..rows * self.h],
-            self.h,
-            c.act_dtype,
-            self.fp8,
-            x_amax,
-        );
+        if !c.prequantized_input {
+            quantize_rows(
+                &mut ch.x[..rows * self.h],
+                self.h,
+                c.act_dtype,
+                self.fp8,
+                x_scale,
+            );
+        }
         let (x, ld) = in_weight_order(&ch.x[..rows * self.h], self.h, &self.w13, &mut ch.x_order);
         {
             let out = Shared::new(&mut ch.gu[..n * topk * 2 * i]);
@@ -628,22 +664,24 @@ impl Launch<'_> {
                 act: x,
                 ld,
             };
-            let blocks = (2 * ip).div_ceil(BLOCK_ROWS);
+            let w13_rows = self.w13_rows;
+            let gated = c.activation.is_gated();
+            let blocks = w13_rows.div_ceil(BLOCK_ROWS);
             let (active, start) = (&ch.active, &ch.start);
             let (slots, slot_tokens) = (&ch.slots, &ch.slot_tokens);
             let gate_mode = c.layout.gate_mode;
             parallel_items(active.len() * blocks, &mut ch.scratch, |scratch, item| {
                 let e = active[item / blocks];
                 let p0 = (item % blocks) * BLOCK_ROWS;
-                let rows = BLOCK_ROWS.min(2 * ip - p0);
-                if (p0..p0 + rows).all(|p| gate_up_of(gate_mode, p, ip).1 >= i) {
+                let rows = BLOCK_ROWS.min(w13_rows - p0);
+                if (p0..p0 + rows).all(|p| gate_up_of(gated, gate_mode, p, ip).1 >= i) {
                     return; // only padded rows
                 }
                 let (lo, hi) = (start[e], start[e + 1]);
                 gemm.block(e, p0, rows, &slot_tokens[lo..hi], scratch);
                 for r in 0..rows {
                     let p = p0 + r;
-                    let (half, j) = gate_up_of(gate_mode, p, ip);
+                    let (half, j) = gate_up_of(gated, gate_mode, p, ip);
                     if j >= i {
                         continue; // padded row
                     }
@@ -653,7 +691,7 @@ impl Launch<'_> {
                             acc *= self.weights[t0 * topk + slot];
                         }
                         if let Some(b) = self.b13 {
-                            acc += b[e * 2 * ip + p];
+                            acc += b[e * w13_rows + p];
                         }
                         out.set((slot * 2 + half) * i + j, acc);
                     }
@@ -681,11 +719,18 @@ impl Launch<'_> {
 
     /// Stage-2 quantization, stage 2 and the weighted sum of tokens `t0..t0 + n` into
     /// `ch.sums` (`[n, output_cols]`; padded columns and unrouted rows zero).
-    fn stage2(&self, n: usize, a2_amax: f32, ch: &mut Chunk, t0: usize) {
+    /// `a2_scale`: the FP8_PER_TENSOR scale of the stage-2 input.
+    fn stage2(&self, n: usize, a2_scale: f32, ch: &mut Chunk, t0: usize) {
         let (topk, h, i, hp) = (self.topk, self.h, self.i, self.hp);
         let c = self.c;
         let pairs = n * topk;
-        quantize_rows(&mut ch.a2[..pairs * i], i, c.act_dtype, self.fp8, a2_amax);
+        quantize_rows(
+            &mut ch.a2[..pairs * i],
+            i,
+            c.stage2_act_dtype,
+            self.fp8,
+            a2_scale,
+        );
         let (a2, ld) = in_weight_order(&ch.a2[..pairs * i], i, &self.w2, &mut ch.a2_order);
         {
             let out = Shared::new(&mut ch.y[..pairs * h]);
@@ -749,7 +794,45 @@ fn fused_moe_within(launch: &MoeLaunch, shape: &LaunchShape, budget: usize) -> R
     let e_local = l.num_experts;
     // SAFETY (all host reads below): check_launch validated shapes and dtypes; the caller
     // promised the memory for the duration of the call; the backend serves host memory only.
-    let hidden: &[u16] = unsafe { launch.hidden_states.host_slice()? };
+    let hidden = if c.prequantized_input {
+        let scale = launch
+            .hidden_scale
+            .as_ref()
+            .expect("prequantized_input: hidden_scale checked present");
+        // SAFETY: as above; shapes checked by check_launch (codes [M, C], scales [M, groups]).
+        unsafe {
+            Hidden::Quantized {
+                codes: launch.hidden_states.host_bytes(),
+                scales: scale.host_bytes(),
+                code_stride: launch.hidden_states.nbytes() / m.max(1),
+                scale_stride: scale.nbytes() / m.max(1),
+            }
+        }
+    } else {
+        Hidden::Values(unsafe { launch.hidden_states.host_slice()? })
+    };
+    let static_scales = [&launch.stage1_act_scale, &launch.stage2_act_scale].map(|t| {
+        // SAFETY: as above: a [1] / [] f32 host tensor (check_launch).
+        t.as_ref()
+            .map(|t| unsafe { t.host_slice::<f32>() }.map(|v| v[0]))
+    });
+    let mut static_scale = [None; 2];
+    for (stage, (s, name)) in static_scales
+        .into_iter()
+        .zip(["stage1_act_scale", "stage2_act_scale"])
+        .enumerate()
+    {
+        if let Some(s) = s {
+            let s = s?;
+            if !(s.is_finite() && s > 0.0) {
+                return Err(Error::invalid(format!(
+                    "{name}: expected a finite scale > 0 for the stage-{} input, got {s}",
+                    stage + 1
+                )));
+            }
+            static_scale[stage] = Some(s);
+        }
+    }
     let ids: &[i32] = unsafe { launch.topk_ids.host_slice()? };
     let weights: &[f32] = unsafe { launch.topk_weights.host_slice()? };
     let mask: Option<&[i32]> = match &launch.expert_mask {
@@ -806,6 +889,7 @@ fn fused_moe_within(launch: &MoeLaunch, shape: &LaunchShape, budget: usize) -> R
         e_local,
         hidden,
         in_elem: launch.hidden_states.elem,
+        w13_rows: crate::moe::check::w13_rows(c),
         out_elem: launch.output.elem,
         ids,
         weights,
@@ -817,7 +901,7 @@ fn fused_moe_within(launch: &MoeLaunch, shape: &LaunchShape, budget: usize) -> R
         w13: WeightMatrix::new(
             l,
             unsafe { launch.w13.host_bytes() },
-            2 * l.intermediate_padded,
+            crate::moe::check::w13_rows(c),
             l.hidden_padded,
             shape.weight_elem,
             scale_of(l.weight_format, &launch.w13_scale, l)?,
@@ -842,23 +926,32 @@ fn fused_moe_within(launch: &MoeLaunch, shape: &LaunchShape, budget: usize) -> R
     };
     let chunk_list: Vec<(usize, usize)> = chunks().collect();
 
-    // FP8_PER_TENSOR scales both stage inputs by the amax over the whole launch: a first
-    // pass finds them (stage 2's needs stage 1 of every chunk).
-    let (mut x_amax, mut a2_amax) = (0f32, 0f32);
-    if c.act_dtype == ActDtype::Fp8PerTensor {
+    // A dynamic FP8_PER_TENSOR scale is amax / fp8 max over the whole stage input: a first
+    // pass finds it (stage 2's needs stage 1 of every chunk). A static scale needs none.
+    let per_tensor = [c.act_dtype, c.stage2_act_dtype].map(|a| a == ActDtype::Fp8PerTensor);
+    let dynamic = [0, 1].map(|s| per_tensor[s] && static_scale[s].is_none());
+    let mut x_scale = static_scale[0].unwrap_or(1.0);
+    if dynamic[0] {
+        let mut amax = 0f32;
         for &(t0, n) in &chunk_list {
             let rows = run.read_x(t0, n, &mut ch);
-            x_amax = x_amax.max(actquant::amax_of(&ch.x[..rows * run.h]));
+            amax = amax.max(actquant::amax_of(&ch.x[..rows * run.h]));
         }
+        x_scale = actquant::fp8_scale_for(amax, fp8);
+    }
+    let mut a2_scale = static_scale[1].unwrap_or(1.0);
+    if dynamic[1] {
+        let mut amax = 0f32;
         for &(t0, n) in &chunk_list {
-            run.stage1(t0, n, x_amax, &mut ch);
-            a2_amax = a2_amax.max(actquant::amax_of(&ch.a2[..n * topk * run.i]));
+            run.stage1(t0, n, x_scale, &mut ch);
+            amax = amax.max(actquant::amax_of(&ch.a2[..n * topk * run.i]));
         }
+        a2_scale = actquant::fp8_scale_for(amax, fp8);
     }
     let cols = shape.output_cols;
     for &(t0, n) in &chunk_list {
-        run.stage1(t0, n, x_amax, &mut ch);
-        run.stage2(n, a2_amax, &mut ch, t0);
+        run.stage1(t0, n, x_scale, &mut ch);
+        run.stage2(n, a2_scale, &mut ch, t0);
         for (o, &v) in output[t0 * cols..(t0 + n) * cols].iter_mut().zip(&ch.sums) {
             *o = write_f16ish(v, run.out_elem);
         }
@@ -931,6 +1024,9 @@ mod tests {
                         alpha: 1.702,
                         limit: None,
                         act_dtype: act,
+                        stage2_act_dtype: act,
+                        prequantized_input: false,
+                        static_act_scale: [false; 2],
                         router_weight_on_input: false,
                         has_expert_mask: false,
                         has_num_local_tokens: with_nlt,
@@ -967,6 +1063,8 @@ mod tests {
                     output: t("output", out.as_mut_ptr() as _, ElemType::Bf16, &[m, h]),
                     workspace: None,
                     stream: 0,
+                    stage1_act_scale: None,
+                    stage2_act_scale: None,
                 };
                 let shape = check_launch(&launch).unwrap();
                 fused_moe_within(&launch, &shape, budget).unwrap();

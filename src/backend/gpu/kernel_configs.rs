@@ -171,6 +171,9 @@ mod tests {
                 alpha: s.activation.resolve_alpha(0.0),
                 limit: s.activation.resolve_limit(0.0),
                 act_dtype: s.act_dtype,
+                stage2_act_dtype: s.act_dtype,
+                prequantized_input: false,
+                static_act_scale: [false; 2],
                 router_weight_on_input: s.router_weight_on_input,
                 has_expert_mask: s.has_mask,
                 has_num_local_tokens: false,
@@ -190,6 +193,8 @@ mod tests {
             output: descriptor("output", act16(s.out_f16)),
             workspace: None,
             stream: 0,
+            stage1_act_scale: None,
+            stage2_act_scale: None,
         }
     }
 
@@ -245,7 +250,10 @@ mod tests {
             assert_eq!(seen(&|s| format!("{:?}", s.act_dtype)), ActDtype::ALL.len());
             assert_eq!(seen(&|s| format!("{:?}", s.scale_layout)), 4 + int4); // none, 3 MX, aiter_int4
             assert_eq!(seen(&|s| format!("{:?}", s.gate_mode)), 3);
-            assert_eq!(seen(&|s| format!("{:?}", s.activation)), 3);
+            assert_eq!(
+                seen(&|s| format!("{:?}", s.activation)),
+                super::super::GPU_ACTIVATIONS.len()
+            );
             assert_eq!(seen(&|s| format!("{:?}", s.weight_layout)), 2);
             for b in [
                 &(|s: &KernelSpec| s.has_bias) as &dyn Fn(&KernelSpec) -> bool,

@@ -47,6 +47,11 @@ pub struct KernelParams {
     pub xs: u64,
     pub aq: u64,
     pub as_: u64,
+    /// Static FP8_PER_TENSOR scales (device f32, 0 = from the amax) and the caller's
+    /// hidden_scale of pre-quantized hidden_states (0 = none).
+    pub act_scale1: u64,
+    pub act_scale2: u64,
+    pub x_scale: u64,
     pub m: i32,
     pub topk: i32,
     pub e: i32,
@@ -64,6 +69,8 @@ pub struct KernelParams {
     pub limit: f32,
     pub has_limit: i32,
     pub ng2: i32,
+    /// Scales per row of hidden_scale (pre-quantized input).
+    pub x_scale_cols: i32,
 }
 
 /// Workspace regions, in order.
@@ -166,7 +173,14 @@ pub fn plan(launch: &MoeLaunch, shape: &LaunchShape, spec: KernelSpec) -> Result
     for t in four_byte.into_iter().flatten() {
         align_check(t, 4)?;
     }
-    for s in [&launch.w13_scale, &launch.w2_scale].into_iter().flatten() {
+    let scales = [
+        &launch.w13_scale,
+        &launch.w2_scale,
+        &launch.hidden_scale,
+        &launch.stage1_act_scale,
+        &launch.stage2_act_scale,
+    ];
+    for s in scales.into_iter().flatten() {
         align_check(s, s.elem.size())?;
     }
 
@@ -280,6 +294,9 @@ pub fn params(launch: &MoeLaunch, plan: &Plan, ws: u64) -> KernelParams {
         xs: ws + o[7] as u64,
         aq: ws + o[8] as u64,
         as_: ws + o[9] as u64,
+        act_scale1: p(&launch.stage1_act_scale),
+        act_scale2: p(&launch.stage2_act_scale),
+        x_scale: p(&launch.hidden_scale),
         m: plan.m as i32,
         topk: plan.topk as i32,
         e: l.num_experts as i32,
@@ -296,6 +313,11 @@ pub fn params(launch: &MoeLaunch, plan: &Plan, ws: u64) -> KernelParams {
         limit,
         has_limit,
         ng2: plan.groups[1] as i32,
+        x_scale_cols: launch
+            .hidden_scale
+            .as_ref()
+            .map(|s| s.numel() / plan.m.max(1))
+            .unwrap_or(0) as i32,
     }
 }
 
@@ -318,11 +340,12 @@ mod tests {
             expert_mask => "expert_mask", num_local_tokens => "num_local_tokens", out => "out",
             total_tiles => "total_tiles", tile_expert => "tile_expert",
             sorted_rows => "sorted_rows", pair_local => "pair_local", inter => "inter", y => "y",
-            amax => "amax", xq => "xq", xs => "xs", aq => "aq", as_ => "as", m => "M",
+            amax => "amax", xq => "xq", xs => "xs", aq => "aq", as_ => "as",
+            act_scale1 => "act_scale1", act_scale2 => "act_scale2", x_scale => "x_scale", m => "M",
             topk => "topk", e => "E", e_global => "E_global", h => "H", hp => "Hp", i => "I",
             ip => "Ip", x_cols => "x_cols", out_cols => "out_cols", max_tiles => "max_tiles",
             ng1 => "ng1", alpha => "alpha", limit => "limit", has_limit => "has_limit",
-            ng2 => "ng2",
+            ng2 => "ng2", x_scale_cols => "x_scale_cols",
         );
     }
 }

@@ -25,7 +25,7 @@ use once_cell::sync::Lazy;
 use super::{Backend, Caps};
 use crate::error::{Error, Result};
 use crate::moe::{MoeConfig, MoeLaunch};
-use crate::types::{feature, ActDtype, BackendKind};
+use crate::types::{feature, ActDtype, Activation, BackendKind};
 use driver::{Api, Handle};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -148,6 +148,8 @@ struct Kernels {
     amax2: Handle,
     quant1: Handle,
     quant2: Handle,
+    /// Pre-quantized hidden_states into the stage-1 workspace.
+    import1: Handle,
 }
 // Function handles are process-wide driver objects, usable from any thread.
 unsafe impl Send for Kernels {}
@@ -398,6 +400,7 @@ impl GpuBackend {
             amax2: get(c"moe_amax2")?,
             quant1: get(c"moe_quant1")?,
             quant2: get(c"moe_quant2")?,
+            import1: get(c"moe_import1")?,
         };
         let shared = spec.dynamic_shared_bytes();
         if shared > 48 * 1024 {
@@ -447,8 +450,8 @@ pub fn gpu_caps(arch: &str, runtime_version: &str) -> Caps {
 }
 
 /// What the kernels can run: the CPU backend's masks (every format, activation dtype, gate
-/// mode, activation, layout and feature) plus graph capture and device prep, with the
-/// vendor's backend kind.
+/// mode, layout and feature) plus graph capture and device prep, less a separate stage-2
+/// act dtype and the activation NONE, with the vendor's backend kind.
 pub fn vendor_caps(vendor: Vendor, arch: &str, runtime_version: &str) -> Caps {
     let mut caps = Caps::full_fused_moe(
         vendor.backend_kind(),
@@ -462,8 +465,20 @@ pub fn vendor_caps(vendor: Vendor, arch: &str, runtime_version: &str) -> Caps {
     if vendor == Vendor::Cuda {
         caps.features |= feature::DETERMINISTIC;
     }
+    // The kernels compile ACT_Q once for both stages, and their GEMMs read a gated w13.
+    caps.features &= !feature::STAGE2_ACT_DTYPE;
+    caps.activations = Activation::mask_of(GPU_ACTIVATIONS);
     caps
 }
+
+/// The activations the GPU kernels implement: all but NONE (a non-gated w13 changes the
+/// stage-1 GEMM's row mapping, not only its epilogue).
+pub const GPU_ACTIVATIONS: &[Activation] = &[
+    Activation::Silu,
+    Activation::Gelu,
+    Activation::SwigluOai,
+    Activation::GeluTanh,
+];
 
 impl Backend for GpuBackend {
     fn kind(&self) -> BackendKind {
@@ -544,10 +559,14 @@ impl GpuBackend {
             &p,
             "moe_route",
         )?;
-        if act == ActDtype::Fp8PerTensor {
+        // A static scale replaces the amax (quant_rows reads it).
+        let [static1, static2] = l.config.static_act_scale;
+        if act == ActDtype::Fp8PerTensor && !static1 {
             gemm(k.amax1, rows(plan.m), "moe_amax1")?;
         }
-        if act.is_quantized() {
+        if l.config.prequantized_input {
+            gemm(k.import1, rows(plan.m), "moe_import1")?;
+        } else if act.is_quantized() {
             gemm(k.quant1, rows(plan.m), "moe_quant1")?;
         }
         stage(
@@ -555,7 +574,7 @@ impl GpuBackend {
             (tiles, c.intermediate_size.div_ceil(n1) as u32),
             "moe_stage1",
         )?;
-        if act == ActDtype::Fp8PerTensor {
+        if act == ActDtype::Fp8PerTensor && !static2 {
             gemm(k.amax2, rows(pairs), "moe_amax2")?;
         }
         if act.is_quantized() {

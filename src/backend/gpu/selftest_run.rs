@@ -309,6 +309,9 @@ impl Problem {
             alpha: Activation::Silu.resolve_alpha(0.0),
             limit: None,
             act_dtype: ActDtype::Bf16,
+            stage2_act_dtype: ActDtype::Bf16,
+            prequantized_input: false,
+            static_act_scale: [false; 2],
             router_weight_on_input: false,
             has_expert_mask: false,
             has_num_local_tokens: false,
@@ -393,6 +396,8 @@ impl Problem {
                 .workspace
                 .map(|(ptr, n)| t("workspace", ptr, ElemType::U8, &[n])),
             stream: 0,
+            stage1_act_scale: None,
+            stage2_act_scale: None,
         }
     }
 }
