@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The package under test (python/moeplug), for every file here, run alone or together.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
 
 def _why_not():
