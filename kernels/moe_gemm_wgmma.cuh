@@ -11,26 +11,27 @@
 // Two warpgroups each issue wgmma m64nWG_Nk16 (16-bit) or m64nWG_Nk32 (fp8 e4m3) on operand
 // tiles in shared memory, K in steps of one 128-byte row (64 16-bit or 128 fp8 values). With
 // BM = 128 they take 64 sorted rows each against the same WG_N weight rows; with BM = 64 they
-// share the 64 rows and take WG_N weight rows each (fewer padding rows per expert). Both operands are K-major rows of
-// 128 bytes in the 128-byte swizzle, copied from global memory with 16-byte cp.async into a
-// ring of WG_STAGES stages (activation rows are gathered through the sorted index, so a row
-// is one copy per 16 bytes, zero-filled for padding rows, columns past K and weight rows past
-// N). The copies for step k + WG_STAGES - 2 are issued while step k's MMAs run; one MMA group
-// stays in flight.
+// share the 64 rows and take WG_N weight rows each. Both operands are K-major rows of 128
+// bytes in the 128-byte swizzle, copied with 16-byte cp.async into a ring of WG_STAGES stages
+// (activation rows gathered through the sorted index; zero-filled for padding rows, columns
+// past K and weight rows past N). The copies for step k + WG_STAGES - 2 are issued while step
+// k's MMAs run; one MMA group stays in flight.
 //
-// Covered (heuristics::wgmma_spec_unsupported): bf16 x bf16 and fp16 x fp16 (activations of
-// the weights' type, the caller's dtype), MXFP4 weights with bf16 activations (each thread
-// loads one 16-byte pack of 32 codes a step ahead into registers and writes it to the weight
-// tile as bf16 with its e8m0 scale folded in: a power of two, exact), and e4m3fn weights (per tensor, per channel,
-// block 128) with fp8 activations (per token, per tensor, block 128). fp8 products are summed
-// in two levels: each step's MMAs go to a partial sum that is added into the fp32
-// accumulator (the tensor core's fp8 sums keep ~14 bits), scaled there by the block-128
-// scales of the step; the other scales do not vary along K and are applied in the epilogue.
+// Covered (heuristics::wgmma_spec_unsupported):
+// - bf16 x bf16 and fp16 x fp16 (activations of the weights' type, the caller's dtype);
+// - MXFP4 weights with bf16 activations: each thread loads one 16-byte pack of 32 codes a
+//   step ahead into registers and writes it to the weight tile as bf16 with its e8m0 scale
+//   folded in (a power of two: exact);
+// - e4m3fn weights (per tensor, per channel, block 128) with fp8 activations (per token, per
+//   tensor, block 128), summed in two levels: each step's MMAs go to a partial sum added into
+//   the fp32 accumulator (the tensor core's fp8 sums keep ~14 bits), scaled there by the
+//   step's block-128 scales; scales that do not vary along K are applied in the epilogue.
 // Each warpgroup's WG_N weight rows of stage 1 are WG_N / 2 gate and WG_N / 2 up rows of the
 // same output columns, so the epilogue pairs them in-thread.
-// WG_N (weight rows per block: 128 or 256), WG_STAGES (ring depth) and WG_SMEM_BYTES (the
-// dynamic shared memory the host launches with) come from spec.rs.
-// WG_MIN_BLOCKS: blocks per SM the register budget is for.
+//
+// From spec.rs: WG_N (weight rows per warpgroup MMA: 128 or 256), WG_STAGES (ring depth),
+// WG_SMEM_BYTES (the dynamic shared memory the host launches with), WG_MIN_BLOCKS (blocks per
+// SM the register budget is for).
 #if !defined(WG_N) || !defined(WG_STAGES) || !defined(WG_SMEM_BYTES) || !defined(WG_MIN_BLOCKS)
 #error "WG_N, WG_STAGES, WG_SMEM_BYTES, WG_MIN_BLOCKS: set by the host"
 #endif
@@ -226,7 +227,8 @@ __device__ void moe_gemm_wg(const Params& p) {
     for (int i = 0; i < WG_A_CHUNKS; ++i) {
       i64 off = (i64)ks * WG_ROW + ac * 16;
       bool ok = asrc[i] && off < kbytes;
-      cp_async16(sa + swz((tid >> 3) + 32 * i, ac), ok ? asrc[i] + off : (const u8*)p.x, ok ? 16 : 0);
+      cp_async16(sa + swz((tid >> 3) + 32 * i, ac), ok ? asrc[i] + off : (const u8*)p.x,
+                 ok ? 16 : 0);
     }
 #pragma unroll
     for (int i = 0; i < (WG_MX4 ? 0 : WG_B_CHUNKS); ++i) {
@@ -255,7 +257,8 @@ __device__ void moe_gemm_wg(const Params& p) {
   int q0 = s_row[r0], q1 = s_row[r0 + 8];
   const float* xs = (const float*)(GATED ? p.xs : p.as);
   int ng = GATED ? p.ng1 : p.ng2;
-  i64 srow0 = q0 < 0 ? -1 : (GATED ? q0 / p.topk : q0), srow1 = q1 < 0 ? -1 : (GATED ? q1 / p.topk : q1);
+  i64 srow0 = q0 < 0 ? -1 : (GATED ? q0 / p.topk : q0);
+  i64 srow1 = q1 < 0 ? -1 : (GATED ? q1 / p.topk : q1);
   bool okh0, okh1;
   int Rh0 = wg_row<GATED>(p, n0, b_row0, okh0);
   int Rh1 = wg_row<GATED>(p, n0, b_row0 + WG_N / 2, okh1);
