@@ -79,6 +79,7 @@ static __device__ inline unsigned atomicMax(unsigned* p, unsigned v) {
 // rocm-device-libs bitcode, as hipRTC does).
 extern "C" __device__ float __ocml_exp_f32(float);
 extern "C" __device__ float __ocml_erf_f32(float);
+extern "C" __device__ float __ocml_tanh_f32(float);
 static __device__ inline float fabsf(float x) { return __builtin_fabsf(x); }
 static __device__ inline float fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
 static __device__ inline float fminf(float a, float b) { return __builtin_fminf(a, b); }
@@ -86,6 +87,7 @@ static __device__ inline float fmaf(float a, float b, float c) { return __builti
 static __device__ inline float rintf(float x) { return __builtin_rintf(x); }
 static __device__ inline float expf(float x) { return __ocml_exp_f32(x); }
 static __device__ inline float erff(float x) { return __ocml_erf_f32(x); }
+static __device__ inline float tanhf(float x) { return __ocml_tanh_f32(x); }  // GELU_TANH
 
 // ocml reads the ISA version from a control constant that hipRTC links from rocm-device-libs'
 // oclc_isa_version_*.bc; Debian's rocm-device-libs has none for gfx942/gfx950, so the check
