@@ -161,8 +161,8 @@ def get_caps(device="cpu") -> Caps:
     )
 
 
-from ._aiter import aiter_args, resolve_config  # noqa: E402  (ABI 1.1)
 from ._abi import LayoutFragment  # noqa: E402
+from ._aiter import aiter_args, resolve_config  # noqa: E402  (ABI 1.1)
 from ._ops import (  # noqa: E402  (the ops need the tables above)
     Prepared,
     check_fused_moe,
