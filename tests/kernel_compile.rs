@@ -64,18 +64,7 @@ fn every_selectable_kernel_compiles_without_spills() {
                         .map(|k| format!("{} {} regs", k.name, k.registers))
                         .collect();
                     println!("compiled {what}: {}", line.join(", "));
-                    if usage.is_empty() {
-                        failures.push(format!("{what}: no ptxas report in the log"));
-                    }
-                    for k in usage
-                        .iter()
-                        .filter(|k| k.spill_bytes > 0 || k.stack_bytes > 0)
-                    {
-                        failures.push(format!(
-                            "{what}: {} spills {} bytes, {} bytes stack",
-                            k.name, k.spill_bytes, k.stack_bytes
-                        ));
-                    }
+                    failures.extend(usage_problems(&what, &usage));
                 }
             }
         }
@@ -116,18 +105,7 @@ fn the_self_test_configurations_compile() {
                 Err(e) => failures.push(format!("{what}: {}", e.message)),
                 Ok(c) => {
                     let usage = compile_check::parse_ptxas_log(&c.log);
-                    if usage.is_empty() {
-                        failures.push(format!("{what}: no ptxas report in the log"));
-                    }
-                    for k in usage
-                        .iter()
-                        .filter(|k| k.spill_bytes > 0 || k.stack_bytes > 0)
-                    {
-                        failures.push(format!(
-                            "{what}: {} spills {} bytes, {} bytes stack",
-                            k.name, k.spill_bytes, k.stack_bytes
-                        ));
-                    }
+                    failures.extend(usage_problems(&what, &usage));
                     println!("compiled {what}");
                 }
             }
@@ -153,4 +131,22 @@ fn dump() {
     let out = std::env::var("MOEPLUG_DUMP_CUBIN").expect("MOEPLUG_DUMP_CUBIN");
     std::fs::write(format!("{out}.cubin"), &c.binary).unwrap();
     println!("{}", c.log);
+}
+
+/// What the ptxas report of one configuration must not show: no report, a spill, a stack frame.
+fn usage_problems(what: &str, usage: &[compile_check::KernelUsage]) -> Vec<String> {
+    let mut problems = Vec::new();
+    if usage.is_empty() {
+        problems.push(format!("{what}: no ptxas report in the log"));
+    }
+    for k in usage
+        .iter()
+        .filter(|k| k.spill_bytes > 0 || k.stack_bytes > 0)
+    {
+        problems.push(format!(
+            "{what}: {} spills {} bytes, {} bytes stack",
+            k.name, k.spill_bytes, k.stack_bytes
+        ));
+    }
+    problems
 }
