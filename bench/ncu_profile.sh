@@ -11,12 +11,12 @@ export BENCH_E="gpt-oss-120b=128,deepseek-v3=256,qwen3-30b-a3b=128" BENCH_ITERS=
 sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
   --section Occupancy --section LaunchStats --section SchedulerStats"
 if [ "${NCU_WHAT:-}" = breakdown ]; then
-  sections="--section SpeedOfLight \
-    --metrics breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed \
-    --metrics breakdown:l1tex__throughput.avg.pct_of_peak_sustained_elapsed \
-    --metrics regex:sm__pipe_tensor.*cycles_active.avg.pct_of_peak_sustained_active \
-    --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio \
-    --metrics lts__t_bytes.sum.per_second,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex_op_read.sum,dram__bytes_read.sum,dram__bytes_write.sum"
+  sections="--section SpeedOfLight --metrics breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed,\
+breakdown:l1tex__throughput.avg.pct_of_peak_sustained_elapsed,\
+regex:sm__pipe_tensor.*cycles_active.avg.pct_of_peak_sustained_active,\
+regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,\
+lts__t_bytes.sum.per_second,lts__t_sectors_srcunit_tex_op_read.sum,\
+lts__t_requests_srcunit_tex_op_read.sum,dram__bytes_read.sum,dram__bytes_write.sum"
 fi
 for c in "$@"; do
   IFS=: read -r model fmt m <<<"$c"

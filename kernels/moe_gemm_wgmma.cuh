@@ -33,8 +33,14 @@
 // From spec.rs: WG_N (weight rows per warpgroup MMA: 128 or 256), WG_STAGES (ring depth),
 // WG_SMEM_BYTES (the dynamic shared memory the host launches with), WG_MIN_BLOCKS (blocks per
 // SM the register budget is for).
+// WG_TMA: the weight tile comes by one TMA copy per stage (tensor map of the AITER 16x16
+// layout from the host, see below) instead of per-thread cp.async: the L2's tag lookups, not
+// its bytes, bound the copies (bench/NOTES.md), and a TMA box asks for whole lines.
 #if !defined(WG_N) || !defined(WG_STAGES) || !defined(WG_SMEM_BYTES) || !defined(WG_MIN_BLOCKS)
 #error "WG_N, WG_STAGES, WG_SMEM_BYTES, WG_MIN_BLOCKS: set by the host"
+#endif
+#ifndef WG_TMA
+#define WG_TMA 0
 #endif
 #if WG_STAGES < 3
 #error "the ring needs 3 stages (copies run WG_STAGES - 2 steps ahead)"
@@ -48,6 +54,9 @@
 #define WG_MX4 (WFMT == WF_MXFP4)    // weights decoded to bf16 into the weight tile
 #if WG_MX4 && (ACT_Q || ACT_F16 || WG_B_ROWS != 128)
 #error "MXFP4 weights: bf16 activations, 128 weight rows per block (one pack per thread)"
+#endif
+#if WG_TMA && (WLAYOUT != WL_AITER_16X16 || BM != 128 || WG_MX4)
+#error "TMA weight tiles: AITER 16x16 weights of a 16-bit or fp8 format, 128-row tiles"
 #endif
 #define WG_KSTEP (WG_ROW / WG_ESIZE)  // K values per step
 #define WG_FOLD (ACT_Q != 0)                 // fp8: two-level sums
@@ -83,11 +92,55 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// The host's CUtensorMap (opaque, 128 bytes, 64-aligned), a __grid_constant__ kernel parameter.
+struct __align__(64) WgTmaMap {
+  u64 words[16];
+};
+
+// mbarrier of one ring stage: the TMA copy of its weight tile completes on it.
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_bytes(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  u32 done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// Box (16-byte chunk, row of the 16-row group, group, gate/up half, K chunk) of the tensor
+// map at coordinates {0, 0, group, 0, chunk} into shared memory as [chunk][row][16 bytes].
+__device__ __forceinline__ void tma_load_weights(u32 dst, const WgTmaMap* map, int group,
+                                                 int chunk, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];" ::"r"(dst),
+      "l"((u64)map), "r"(0), "r"(0), "r"(group), "r"(0), "r"(chunk), "r"(bar)
+      : "memory");
+}
+
 // Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile.
 __device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * WG_ROW + ((c ^ (r & 7)) << 4)); }
 
-__device__ __forceinline__ void wg_mma(float* d, u32 a, u32 b, int acc) {
-  u64 da = wgmma_desc(a), db = wgmma_desc(b);
+// Descriptor of the weight tile's K slice kk (16-bit: 16 values, fp8: 32) from its stage base:
+// 128-byte swizzled rows (cp.async) or [chunk][row] core matrices (TMA).
+__device__ __forceinline__ u64 wg_b_desc(u32 sb, int kk) {
+#if WG_TMA
+  return wgmma_desc_plain(sb + (u32)(2 * kk * WG_B_ROWS * 16), WG_B_ROWS * 16);
+#else
+  return wgmma_desc(sb + 32 * kk);
+#endif
+}
+
+__device__ __forceinline__ void wg_mma(float* d, u64 da, u64 db, int acc) {
 #if ACT_Q
 #if WG_N == 128
   wgmma_e4m3_n128(d, da, db, acc);
@@ -124,9 +177,10 @@ __device__ __forceinline__ int wg_row(const Params& p, int n0, int r, bool& ok) 
 }
 
 template <bool GATED>
-__device__ void moe_gemm_wg(const Params& p) {
+__device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   extern __shared__ u8 wg_smem_raw[];
   __shared__ int s_row[BM];
+  __shared__ __align__(8) u64 s_full[WG_STAGES];  // WG_TMA: weight tile of stage s landed
   int tile = blockIdx.x;
   if (tile >= *(const int*)p.total_tiles) return;  // empty tile: exit before any load
   int e = ((const int*)p.tile_expert)[tile];
@@ -147,6 +201,17 @@ __device__ void moe_gemm_wg(const Params& p) {
   const u8* S = (const u8*)(GATED ? p.w13_scale : p.w2_scale);
   i64 kbytes = (i64)K * WG_ESIZE;  // bytes of a row that are real columns
   int nk = (K + WG_KSTEP - 1) / WG_KSTEP;
+#if WG_TMA
+  // The block's first 16-row group in the map: stage 1 counts gate groups (SEPARATED: up
+  // groups Ip / 16 further, the map's half stride; INTERLEAVE: gate/up group pairs).
+  int tma_group = GATED ? (GATE == GM_INTERLEAVE ? (e * Nst >> 5) + (n0 >> 4) : (e * Nst + n0) >> 4)
+                        : (e * Nst + n0) >> 4;
+  u32 full0 = smem_addr(&s_full[0]);
+  if (tid == 0) {
+    for (int s = 0; s < WG_STAGES; ++s) mbar_init(full0 + 8 * s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+#endif
   __syncthreads();
 
   // This thread's copies: activation rows ar + 32 i, chunk ac; weight rows br(i), chunk bc.
@@ -228,6 +293,13 @@ __device__ void moe_gemm_wg(const Params& p) {
       cp_async16(sa + swz((tid >> 3) + 32 * i, ac), ok ? asrc[i] + off : (const u8*)p.x,
                  ok ? 16 : 0);
     }
+#if WG_TMA
+    if (tid == 0) {
+      u32 bar = full0 + 8 * (ks % WG_STAGES);
+      mbar_expect_bytes(bar, WG_B_BYTES);
+      tma_load_weights(sb, wmap, tma_group, ks * (WG_ROW / 16), bar);
+    }
+#else
 #pragma unroll
     for (int i = 0; i < (WG_MX4 ? 0 : WG_B_CHUNKS); ++i) {
       int kc = ks * (WG_ROW / 16) + bc;
@@ -240,6 +312,7 @@ __device__ void moe_gemm_wg(const Params& p) {
       cp_async16(sb + swz(16 * ((tid >> 7) + 2 * i) + (tid & 15), bc), ok ? src : (const u8*)p.x,
                  ok ? 16 : 0);
     }
+#endif
   };
 
   float acc[WG_ACC];
@@ -279,6 +352,9 @@ __device__ void moe_gemm_wg(const Params& p) {
 #endif
     cp_async_wait<WG_STAGES - 3>();  // this thread's copies of step ks have landed
     fence_proxy_async();  // the copies and the decoded weights, for the async proxy
+#if WG_TMA
+    mbar_wait(full0 + 8 * (ks % WG_STAGES), (ks / WG_STAGES) & 1);  // the weight tile too
+#endif
     __syncthreads();  // everyone's have; and every warpgroup is done with step ks - 2
     if (ks + WG_STAGES - 2 < nk) load_step(ks + WG_STAGES - 2);
     cp_async_commit();
@@ -287,7 +363,7 @@ __device__ void moe_gemm_wg(const Params& p) {
     wgmma_fence();
 #if WG_FOLD
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wg_mma(part, sa + 32 * kk, sb + 32 * kk, kk > 0);
+    for (int kk = 0; kk < 4; ++kk) wg_mma(part, wgmma_desc(sa + 32 * kk), wg_b_desc(sb, kk), kk > 0);
     wgmma_commit();
 #if WG_KSCALE
     int k = ks * WG_KSTEP;
@@ -308,7 +384,7 @@ __device__ void moe_gemm_wg(const Params& p) {
 #endif
 #else
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wg_mma(acc, sa + 32 * kk, sb + 32 * kk, 1);
+    for (int kk = 0; kk < 4; ++kk) wg_mma(acc, wgmma_desc(sa + 32 * kk), wg_b_desc(sb, kk), 1);
     wgmma_commit();
     wgmma_wait<1>();
 #endif
@@ -361,9 +437,21 @@ __device__ void moe_gemm_wg(const Params& p) {
   }
 }
 
+#if WG_TMA
+// The second parameter: the tensor map of this stage's weights (w13 / w2).
+MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS)
+    moe_stage1(Params p, const __grid_constant__ WgTmaMap wmap) {
+  moe_gemm_wg<true>(p, &wmap);
+}
+MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS)
+    moe_stage2(Params p, const __grid_constant__ WgTmaMap wmap) {
+  moe_gemm_wg<false>(p, &wmap);
+}
+#else
 MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS) moe_stage1(Params p) {
-  moe_gemm_wg<true>(p);
+  moe_gemm_wg<true>(p, nullptr);
 }
 MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS) moe_stage2(Params p) {
-  moe_gemm_wg<false>(p);
+  moe_gemm_wg<false>(p, nullptr);
 }
+#endif

@@ -14,6 +14,22 @@ use super::Vendor;
 
 pub type Handle = *mut c_void;
 pub type DevicePtr = u64;
+/// `cuTensorMapEncodeTiled(map, dtype, rank, address, dims, strides, box, element_strides,
+/// interleave, swizzle, l2_promotion, oob_fill)`.
+pub type TensorMapEncodeTiled = unsafe extern "C" fn(
+    *mut c_void,
+    c_int,
+    c_uint,
+    *mut c_void,
+    *const u64,
+    *const u64,
+    *const c_uint,
+    *const c_uint,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+) -> c_int;
 
 /// Driver + RTC entry points. Field names follow the CUDA spelling; for HIP they hold the
 /// hip*/hiprtc* equivalents.
@@ -34,6 +50,9 @@ pub struct Api {
     /// `cuFuncSetAttribute` (CUDA only: raising a kernel's dynamic shared memory limit; the
     /// HIP families need none).
     pub cuFuncSetAttribute: Option<unsafe extern "C" fn(Handle, c_int, c_int) -> c_int>,
+    /// `cuTensorMapEncodeTiled` (CUDA 12+, sm_90 TMA): the wgmma family's weight tiles.
+    /// Absent on older drivers (the family then copies them per thread).
+    pub cuTensorMapEncodeTiled: Option<TensorMapEncodeTiled>,
     pub cuLaunchKernel: unsafe extern "C" fn(
         Handle,
         c_uint,
@@ -225,6 +244,7 @@ pub fn load(vendor: Vendor) -> Result<Api> {
                     cuModuleLoadData: drv.get("cuModuleLoadData")?,
                     cuModuleGetFunction: drv.get("cuModuleGetFunction")?,
                     cuFuncSetAttribute: Some(drv.get("cuFuncSetAttribute")?),
+                    cuTensorMapEncodeTiled: drv.get("cuTensorMapEncodeTiled").ok(),
                     cuLaunchKernel: drv.get("cuLaunchKernel")?,
                     cuMemAlloc: drv.get("cuMemAlloc_v2")?,
                     cuMemFree: drv.get("cuMemFree_v2")?,
@@ -308,6 +328,7 @@ fn hip_driver(vendor: Vendor) -> Result<Api> {
             cuModuleLoadData: drv.get("hipModuleLoadData")?,
             cuModuleGetFunction: drv.get("hipModuleGetFunction")?,
             cuFuncSetAttribute: None,
+            cuTensorMapEncodeTiled: None,
             cuLaunchKernel: drv.get("hipModuleLaunchKernel")?,
             cuMemAlloc: drv.get("hipMalloc")?,
             cuMemFree: drv.get("hipFree")?,
@@ -353,6 +374,7 @@ fn hip_driver(vendor: Vendor) -> Result<Api> {
             cuModuleLoadData: f!(hipModuleLoadData),
             cuModuleGetFunction: f!(hipModuleGetFunction),
             cuFuncSetAttribute: None,
+            cuTensorMapEncodeTiled: None,
             cuLaunchKernel: f!(hipModuleLaunchKernel),
             cuMemAlloc: f!(hipMalloc),
             cuMemFree: f!(hipFree),

@@ -38,6 +38,9 @@ static WGMMA_N_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_
 static WGMMA_BM_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_BM"));
 static WGMMA_BLOCKS_PREFERENCE: Lazy<Option<u32>> =
     Lazy::new(|| env_choice("MOEPLUG_WGMMA_BLOCKS"));
+/// `MOEPLUG_WGMMA_TMA=0|1`: weight tiles by TMA (the default where it covers the
+/// configuration) or by per-thread cp.async (benchmarks).
+static WGMMA_TMA_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_TMA"));
 
 fn env_choice(name: &str) -> Option<u32> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
@@ -215,6 +218,14 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
     if spec.wgmma_n == 256 && (spec.act_dtype.is_quantized() || spec.wgmma_bm == 64) {
         return Some("256 weight rows per warpgroup only for 16-bit operands on 128-row tiles");
     }
+    // The tensor map describes AITER's 16-row groups; MXFP4 is decoded through registers.
+    if spec.wgmma_tma
+        && (spec.weight_layout != WeightLayout::Aiter16x16
+            || spec.wgmma_bm != 128
+            || spec.weight_format == WeightFormat::Mxfp4)
+    {
+        return Some("TMA weight tiles: AITER 16x16 weights (not MXFP4) on 128-row tiles");
+    }
     None
 }
 
@@ -250,6 +261,10 @@ pub fn wgmma_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Opti
         if (x.dim(1) * 2) % 16 != 0 || (x.ptr as usize) % 16 != 0 {
             return Some("hidden_states rows are not 16-byte aligned");
         }
+    }
+    // Weight tiles come in 16-byte copies (cp.async or TMA).
+    if [&launch.w13, &launch.w2].iter().any(|w| (w.ptr as usize) % 16 != 0) {
+        return Some("w13 / w2 are not 16-byte aligned");
     }
     None
 }
@@ -303,6 +318,11 @@ pub fn spec_for(
         tuned.wgmma_blocks = WGMMA_BLOCKS_PREFERENCE.unwrap_or(tuned.wgmma_blocks);
         if wgmma_spec_unsupported(90, &tuned).is_none() {
             spec = tuned;
+        }
+        let mut tma = spec.clone();
+        tma.wgmma_tma = WGMMA_TMA_PREFERENCE.map_or(true, |v| v == 1);
+        if wgmma_spec_unsupported(90, &tma).is_none() {
+            spec = tma;
         }
     }
     Ok(spec)

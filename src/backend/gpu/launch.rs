@@ -259,6 +259,32 @@ pub fn workspace_ptr(launch: &MoeLaunch, plan: &Plan) -> Result<u64> {
     Ok(w.ptr as u64)
 }
 
+/// The wgmma family's stage-1 and stage-2 weights as its TMA reads them (`spec.wgmma_tma`).
+pub fn tma_weights(launch: &MoeLaunch, spec: &KernelSpec) -> [super::tma::WeightTensor; 2] {
+    let l = &launch.config.layout;
+    let bytes = launch.w13.elem.size();
+    let (hp, ip) = (l.hidden_padded, l.intermediate_padded);
+    let rows = spec.wgmma_block_rows();
+    [
+        super::tma::WeightTensor {
+            address: launch.w13.ptr as u64,
+            experts: l.num_experts,
+            rows: 2 * ip,
+            row_bytes: hp * bytes,
+            gated: Some((l.gate_mode, ip)),
+            block_rows: rows,
+        },
+        super::tma::WeightTensor {
+            address: launch.w2.ptr as u64,
+            experts: l.num_experts,
+            rows: hp,
+            row_bytes: ip * bytes,
+            gated: None,
+            block_rows: rows,
+        },
+    ]
+}
+
 /// Kernel parameters for a validated launch.
 pub fn params(launch: &MoeLaunch, plan: &Plan, ws: u64) -> KernelParams {
     let c = &launch.config;

@@ -15,6 +15,7 @@ pub mod prep;
 pub mod selftest;
 pub mod selftest_run;
 pub mod spec;
+pub mod tma;
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
@@ -421,10 +422,17 @@ impl GpuBackend {
         shared: u32,
         stream: Handle,
         params: &launch::KernelParams,
+        map: Option<&tma::TensorMap>,
         what: &str,
     ) -> Result<()> {
-        let mut arg = params as *const launch::KernelParams as *mut c_void;
-        // SAFETY: one by-value struct parameter matching the kernel's `Params`.
+        let mut args = [
+            params as *const launch::KernelParams as *mut c_void,
+            map.map_or(std::ptr::null_mut(), |m| {
+                m as *const tma::TensorMap as *mut c_void
+            }),
+        ];
+        // SAFETY: by-value parameters matching the kernel's: `Params`, then (wgmma with
+        // WG_TMA) its weights' tensor map; the driver reads as many as the kernel declares.
         let rc = unsafe {
             (self.api.cuLaunchKernel)(
                 f,
@@ -436,7 +444,7 @@ impl GpuBackend {
                 1,
                 shared,
                 stream,
-                &mut arg,
+                args.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
         };
@@ -538,18 +546,33 @@ impl GpuBackend {
         }
         let ws = launch::workspace_ptr(l, plan)?;
         let _ctx = self.enter()?;
-        let k = self.kernels(&plan.spec)?;
+        let mut spec = plan.spec.clone();
+        // A driver without the TMA encoder runs the same family with per-thread copies.
+        spec.wgmma_tma &= self.api.cuTensorMapEncodeTiled.is_some();
+        let k = self.kernels(&spec)?;
         let p = launch::params(l, plan, ws);
+        let maps = if spec.wgmma_tma {
+            let [w13, w2] = launch::tma_weights(l, &spec);
+            Some([
+                tma::weight_map(&self.api, &w13)?,
+                tma::weight_map(&self.api, &w2)?,
+            ])
+        } else {
+            None
+        };
         let stream = l.stream as Handle;
         let tiles = plan.max_tiles as u32;
-        let (n1, n2) = plan.spec.block_columns();
+        let (n1, n2) = spec.block_columns();
         let c = &l.config.layout;
         let act = l.config.act_dtype;
         let rows = |n: usize| (n as u32, 1);
         let pairs = plan.m * plan.topk;
-        let gemm = |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, what);
-        let shared = plan.spec.dynamic_shared_bytes() as u32;
-        let stage = |f, grid, what| self.launch(f, grid, launch::THREADS, shared, stream, &p, what);
+        let gemm =
+            |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, None, what);
+        let shared = spec.dynamic_shared_bytes() as u32;
+        let stage = |f, grid, map: Option<&tma::TensorMap>, what| {
+            self.launch(f, grid, launch::THREADS, shared, stream, &p, map, what)
+        };
         self.launch(
             k.route,
             (1, 1),
@@ -557,6 +580,7 @@ impl GpuBackend {
             plan.route_shared_bytes as u32,
             stream,
             &p,
+            None,
             "moe_route",
         )?;
         // A static scale replaces the amax (quant_rows reads it).
@@ -572,6 +596,7 @@ impl GpuBackend {
         stage(
             k.stage1,
             (tiles, c.intermediate_size.div_ceil(n1) as u32),
+            maps.as_ref().map(|m| &m[0]),
             "moe_stage1",
         )?;
         if act == ActDtype::Fp8PerTensor && !static2 {
@@ -583,6 +608,7 @@ impl GpuBackend {
         stage(
             k.stage2,
             (tiles, c.hidden_size.div_ceil(n2) as u32),
+            maps.as_ref().map(|m| &m[1]),
             "moe_stage2",
         )?;
         gemm(
@@ -697,6 +723,7 @@ fn default_spec() -> spec::KernelSpec {
         wgmma_n: 128,
         wgmma_bm: 128,
         wgmma_blocks: 1,
+        wgmma_tma: false,
     }
 }
 

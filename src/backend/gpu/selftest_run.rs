@@ -115,9 +115,23 @@ pub fn families_to_test(vendor: Vendor, arch: &str) -> Vec<Family> {
 pub fn tested_specs(vendor: Vendor, arch: &str) -> Vec<KernelSpec> {
     families_to_test(vendor, arch)
         .into_iter()
-        .map(|family| KernelSpec {
-            family,
-            ..problem_spec()
+        .map(|family| {
+            let spec = KernelSpec {
+                family,
+                ..problem_spec()
+            };
+            // The wgmma family runs with TMA weight tiles where launches would.
+            let tma = KernelSpec {
+                wgmma_tma: true,
+                ..spec.clone()
+            };
+            let tma_ok = family == Family::Wgmma
+                && sm_version(arch).is_some_and(|sm| selectable(sm, &tma));
+            if tma_ok {
+                tma
+            } else {
+                spec
+            }
         })
         .collect()
 }

@@ -125,6 +125,8 @@ pub struct KernelSpec {
     pub wgmma_bm: u32,
     /// Wgmma family: blocks resident per SM (`WG_MIN_BLOCKS`, 1 or 2): the ring shrinks to fit.
     pub wgmma_blocks: u32,
+    /// Wgmma family: weight tiles by TMA from a tensor map the launch passes (`WG_TMA`).
+    pub wgmma_tma: bool,
 }
 
 impl KernelSpec {
@@ -150,6 +152,7 @@ impl KernelSpec {
             wgmma_n: 128,
             wgmma_bm: 128,
             wgmma_blocks: 1,
+            wgmma_tma: false,
         }
     }
 
@@ -163,7 +166,7 @@ impl KernelSpec {
 
     /// Wgmma family: weight rows of a block (the two warpgroups share them on 128-row tiles
     /// and take `wgmma_n` each on 64-row tiles).
-    fn wgmma_block_rows(&self) -> usize {
+    pub fn wgmma_block_rows(&self) -> usize {
         let n = self.wgmma_n as usize;
         if self.wgmma_bm == 128 {
             n
@@ -249,6 +252,7 @@ impl KernelSpec {
             d.push(format!("WG_STAGES={}", self.wgmma_stages()));
             d.push(format!("WG_SMEM_BYTES={}", self.dynamic_shared_bytes()));
             d.push(format!("WG_MIN_BLOCKS={}", self.wgmma_blocks));
+            d.push(format!("WG_TMA={}", b(self.wgmma_tma)));
         }
         d
     }

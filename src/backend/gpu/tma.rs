@@ -1,0 +1,152 @@
+//! Tensor maps (TMA descriptors) of the wgmma family's weight tiles. AITER 16x16 weights
+//! (16-byte chunk c of row r at group (r / 16), chunk c, row r % 16) are described as a 5-D
+//! tensor of bytes: (byte of a chunk, row in its 16-row group, group, gate/up half, chunk
+//! along K). A box of one K step then lands in shared memory as [chunk][row][16 bytes]: the
+//! core-matrix layout without swizzle that `wgmma_desc_plain` (kernels/mma_sm90.cuh) reads,
+//! gate rows first, then the up rows of the same columns (stage 1).
+
+use std::ffi::c_void;
+
+use crate::error::{Error, Result};
+use crate::types::GateMode;
+
+use super::driver::Api;
+
+/// A `CUtensorMap`: 128 opaque bytes, 64-byte aligned, passed to the kernel by value.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub struct TensorMap(pub [u64; 16]);
+
+/// The weights of one stage as the kernel's TMA reads them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WeightTensor {
+    pub address: u64,
+    pub experts: usize,
+    /// Stored rows per expert (stage 1: 2 * intermediate_padded; stage 2: hidden_padded).
+    pub rows: usize,
+    /// Bytes of one stored row (the padded K times the element size).
+    pub row_bytes: usize,
+    /// Stage 1: `Some(gate mode, intermediate_padded)`, the rows come as gate/up halves.
+    pub gated: Option<(GateMode, usize)>,
+    /// Weight rows of one block (stage 1: half gate, half up).
+    pub block_rows: usize,
+}
+
+/// Bytes of K one box covers (one 128-byte operand row per wgmma step).
+const K_STEP_BYTES: usize = 128;
+
+/// globalDim, globalStrides (dims 1..4, bytes) and boxDim of the map, innermost first.
+pub fn geometry(w: &WeightTensor) -> Result<([u64; 5], [u64; 4], [u32; 5])> {
+    let wrow = w.row_bytes as u64;
+    let chunks = w.row_bytes / 16;
+    if w.row_bytes % 16 != 0 {
+        return Err(Error::internal("TMA weights: rows are not whole 16-byte chunks"));
+    }
+    let (groups, group_stride, halves, half_stride, box_groups) = match w.gated {
+        Some((GateMode::Separated, ip)) => (
+            w.experts * w.rows / 16,
+            16 * wrow,
+            2,
+            ip as u64 * wrow,
+            w.block_rows / 32,
+        ),
+        // 16 gate rows, then the 16 up rows of the same columns: a group is a pair.
+        Some((GateMode::Interleave, _)) => (
+            w.experts * w.rows / 32,
+            32 * wrow,
+            2,
+            16 * wrow,
+            w.block_rows / 32,
+        ),
+        Some(_) => return Err(Error::internal("TMA weights: gate mode not covered")),
+        None => (w.experts * w.rows / 16, 16 * wrow, 1, 16 * wrow, w.block_rows / 16),
+    };
+    let dims = [16, 16, groups as u64, halves, chunks as u64];
+    let strides = [16, group_stride, half_stride, 256];
+    let boxes = [16, 16, box_groups as u32, halves as u32, (K_STEP_BYTES / 16) as u32];
+    Ok((dims, strides, boxes))
+}
+
+/// Encode the map of `w` with the driver.
+pub fn weight_map(api: &Api, w: &WeightTensor) -> Result<TensorMap> {
+    let Some(encode) = api.cuTensorMapEncodeTiled else {
+        return Err(Error::unavailable(
+            "the driver has no cuTensorMapEncodeTiled (TMA weight tiles)",
+        ));
+    };
+    let (dims, strides, boxes) = geometry(w)?;
+    let ones = [1u32; 5];
+    let mut map = TensorMap([0; 16]);
+    const UINT8: i32 = 0; // CU_TENSOR_MAP_DATA_TYPE_UINT8
+    const NONE: i32 = 0; // no interleave, no swizzle, zero fill out of bounds
+    const L2_PROMOTE_128B: i32 = 2;
+    // SAFETY: `encode` is cuTensorMapEncodeTiled; every array holds `rank` (strides rank - 1)
+    // entries and `map` is 64-byte aligned and 128 bytes.
+    let code = unsafe {
+        encode(
+            &mut map as *mut TensorMap as *mut c_void,
+            UINT8,
+            5,
+            w.address as *mut c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            ones.as_ptr(),
+            NONE,
+            NONE,
+            L2_PROMOTE_128B,
+            NONE,
+        )
+    };
+    api.check(code, "cuTensorMapEncodeTiled(wgmma weights)")?;
+    Ok(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qwen3_stage1(gate: GateMode) -> WeightTensor {
+        WeightTensor {
+            address: 0,
+            experts: 128,
+            rows: 2 * 768,
+            row_bytes: 2048 * 2,
+            gated: Some((gate, 768)),
+            block_rows: 128,
+        }
+    }
+
+    #[test]
+    fn separated_gate_and_up_halves_are_intermediate_padded_rows_apart() {
+        let (dims, strides, boxes) = geometry(&qwen3_stage1(GateMode::Separated)).unwrap();
+        assert_eq!(dims, [16, 16, 128 * 1536 / 16, 2, 4096 / 16]);
+        assert_eq!(strides, [16, 16 * 4096, 768 * 4096, 256]);
+        // 64 gate rows (4 groups) and their 64 up rows, one 128-byte K step.
+        assert_eq!(boxes, [16, 16, 4, 2, 8]);
+    }
+
+    #[test]
+    fn interleaved_groups_pair_gate_and_up() {
+        let (dims, strides, boxes) = geometry(&qwen3_stage1(GateMode::Interleave)).unwrap();
+        assert_eq!(dims[2], 128 * 1536 / 32);
+        assert_eq!(strides, [16, 32 * 4096, 16 * 4096, 256]);
+        assert_eq!(boxes, [16, 16, 4, 2, 8]);
+    }
+
+    #[test]
+    fn stage2_has_one_half() {
+        let w = WeightTensor {
+            address: 0,
+            experts: 128,
+            rows: 2048,
+            row_bytes: 768 * 2,
+            gated: None,
+            block_rows: 128,
+        };
+        let (dims, strides, boxes) = geometry(&w).unwrap();
+        assert_eq!(dims, [16, 16, 128 * 2048 / 16, 1, 768 * 2 / 16]);
+        assert_eq!(strides[1], 16 * 768 * 2);
+        assert_eq!(boxes, [16, 16, 8, 1, 8]);
+    }
+}
