@@ -42,6 +42,9 @@
 #ifndef WG_TMA
 #define WG_TMA 0
 #endif
+#ifndef WG_WS
+#define WG_WS 0
+#endif
 #if WG_STAGES < 3
 #error "the ring needs 3 stages (copies run WG_STAGES - 2 steps ahead)"
 #endif
@@ -174,6 +177,58 @@ __device__ __forceinline__ int wg_row(const Params& p, int n0, int r, bool& ok) 
   int col = GATED ? n0 + (r / WG_N) * half + rr % half : n0 + r;
   ok = col < (GATED ? p.I : p.H);
   return GATED ? (rr < half ? gate_row(col, p.Ip) : up_row(col, p.Ip)) : col;
+}
+
+// Epilogue of a thread's accumulators: scales that do not vary along K, then the shared stage
+// epilogues. rows[h]: the pair of accumulator row gid + 8 h of the thread's warp (-1: padding).
+template <bool GATED>
+__device__ __forceinline__ void wg_epilogue(const Params& p, int e, int n0, int b_row0, int tig,
+                                            const int rows[2], const float* acc) {
+  const u8* S = (const u8*)(GATED ? p.w13_scale : p.w2_scale);
+  int Kst = GATED ? p.Hp : p.Ip;
+  int Nst = GATED ? 2 * p.Ip : p.Hp;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    int q = rows[h];
+    if (q < 0) continue;
+    float w = ((const float*)p.topk_weights)[q];
+    float sa = 1.0f;
+#if ACT_Q && !WG_KSCALE
+    sa = ((const float*)(GATED ? p.xs : p.as))[(i64)(GATED ? q / p.topk : q) *
+                                                (GATED ? p.ng1 : p.ng2)];
+#endif
+    if (GATED) {
+#pragma unroll
+      for (int j = 0; j < WG_N / 16; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          int col = n0 + (b_row0 / 2) + 8 * j + 2 * tig + c;
+          if (col >= p.I) continue;
+          float g = acc[4 * j + 2 * h + c], u = acc[4 * (j + WG_N / 16) + 2 * h + c];
+#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
+          g = g * sa * w_scale(S, e, gate_row(col, p.Ip), 0, Nst, Kst);
+          u = u * sa * w_scale(S, e, up_row(col, p.Ip), 0, Nst, Kst);
+#else
+          g *= sa;
+          u *= sa;
+#endif
+          store_gated(p, e, q, col, g, u, w);
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < WG_N / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          int col = n0 + b_row0 + 8 * j + 2 * tig + c;
+          if (col >= p.H) continue;
+          float v = acc[4 * j + 2 * h + c] * sa;
+#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
+          v *= w_scale(S, e, col, 0, Nst, Kst);
+#endif
+          store_down(p, e, q, col, v, w);
+        }
+    }
+  }
 }
 
 template <bool GATED>
@@ -392,52 +447,198 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   wgmma_wait<0>();
   cp_async_wait<0>();
 
-  // Epilogue: scales that do not vary along K, then the shared stage epilogues.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    int r = a_row0 + 16 * warp + gid + 8 * h, q = s_row[r];
-    if (q < 0) continue;
-    float w = ((const float*)p.topk_weights)[q];
-    float sa = 1.0f;
-#if ACT_Q && !WG_KSCALE
-    sa = ((const float*)(GATED ? p.xs : p.as))[(i64)(GATED ? q / p.topk : q) *
-                                                (GATED ? p.ng1 : p.ng2)];
+  int rows[2] = {s_row[a_row0 + 16 * warp + gid], s_row[a_row0 + 16 * warp + gid + 8]};
+  wg_epilogue<GATED>(p, e, n0, b_row0, tig, rows, acc);
+}
+
+
+#if WG_WS
+// Warp-specialised and persistent (WG_WS): warpgroup 0 produces, warpgroups 1 and 2 multiply.
+// One block per SM walks the work items w = blockIdx.x + i * gridDim.x, w = column block *
+// tiles + tile (blocks side by side take the tiles of one weight block: it stays L2-hot). Per
+// ring stage a `full` barrier completes when the producer's 128 cp.async arrivals (the
+// activation rows) and the TMA bytes (the weight tile) are in, and an `empty` barrier when the
+// 8 consumer warps are done reading it; the producer runs up to WG_STAGES steps ahead, across
+// tiles, so the next tile's copies fly during this tile's epilogue.
+#if !WG_TMA || BM != 128 || WG_N != 128 || WG_MX4
+#error "the warp-specialised kernel takes TMA weight tiles of 128 x 128 blocks"
 #endif
-    if (GATED) {
-#pragma unroll
-      for (int j = 0; j < WG_N / 16; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          int col = n0 + (b_row0 / 2) + 8 * j + 2 * tig + c;
-          if (col >= p.I) continue;
-          float g = acc[4 * j + 2 * h + c], u = acc[4 * (j + WG_N / 16) + 2 * h + c];
-#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
-          g = g * sa * w_scale(S, e, gate_row(col, p.Ip), 0, Nst, Kst);
-          u = u * sa * w_scale(S, e, up_row(col, p.Ip), 0, Nst, Kst);
-#else
-          g *= sa;
-          u *= sa;
-#endif
-          store_gated(p, e, q, col, g, u, w);
-        }
-    } else {
-#pragma unroll
-      for (int j = 0; j < WG_N / 8; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          int col = n0 + b_row0 + 8 * j + 2 * tig + c;
-          if (col >= p.H) continue;
-          float v = acc[4 * j + 2 * h + c] * sa;
-#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
-          v *= w_scale(S, e, col, 0, Nst, Kst);
-#endif
-          store_down(p, e, q, col, v, w);
-        }
+#define WG_WS_THREADS 384
+#define WG_FULL_ARRIVALS 129  // 128 producer threads' cp.async, plus the TMA's expect_tx
+#define WG_EMPTY_ARRIVALS 8   // one per consumer warp
+
+__device__ __forceinline__ void cp_async_arrive(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// Work item w: its tile and first output column.
+template <bool GATED>
+__device__ __forceinline__ void wg_work(int w, int tiles, int& tile, int& n0) {
+  tile = w % tiles;
+  n0 = (w / tiles) * (GATED ? WG_COLS1 : WG_COLS2);
+}
+
+template <bool GATED>
+__device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
+  extern __shared__ u8 wg_smem_raw[];
+  __shared__ __align__(8) u64 s_full[WG_STAGES], s_empty[WG_STAGES];
+  int tid = threadIdx.x;
+  int tiles = *(const int*)p.total_tiles;
+  int cols = GATED ? WG_COLS1 : WG_COLS2;
+  int work = tiles * (((GATED ? p.I : p.H) + cols - 1) / cols);
+  if ((int)blockIdx.x >= work) return;  // every thread of the block, before any barrier
+  u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;
+  u32 full0 = smem_addr(&s_full[0]), empty0 = smem_addr(&s_empty[0]);
+  if (tid == 0) {
+    for (int s = 0; s < WG_STAGES; ++s) {
+      mbar_init(full0 + 8 * s, WG_FULL_ARRIVALS);
+      mbar_init(empty0 + 8 * s, WG_EMPTY_ARRIVALS);
     }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();  // the last block-wide barrier: the roles never meet again
+  int K = GATED ? p.H : p.I;
+  int Nst = GATED ? 2 * p.Ip : p.Hp;
+  i64 kbytes = (i64)K * WG_ESIZE;
+  int nk = (K + WG_KSTEP - 1) / WG_KSTEP;
+  const int* sorted = (const int*)p.sorted_rows;
+  const int* tile_expert = (const int*)p.tile_expert;
+
+  if (tid < 128) {
+    // Producer: thread t copies chunk t & 7 of activation rows (t >> 3) + 16 i; thread 0
+    // also starts the weight tile's TMA.
+    int ac = tid & 7;
+    u32 it = 0;  // ring steps produced
+    for (int w = blockIdx.x; w < work; w += gridDim.x) {
+      int tile, n0;
+      wg_work<GATED>(w, tiles, tile, n0);
+      int e = tile_expert[tile];
+      const u8* asrc[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        int q = sorted[tile * BM + (tid >> 3) + 16 * i];
+        asrc[i] = nullptr;
+        if (q >= 0) {
+#if ACT_Q
+          i64 row = GATED ? q / p.topk : q;
+          asrc[i] = (const u8*)(GATED ? p.xq : p.aq) + row * K;
+#else
+          asrc[i] = GATED ? (const u8*)p.x + (i64)(q / p.topk) * p.x_cols * 2
+                          : (const u8*)p.inter + (i64)q * p.I * 2;
+#endif
+        }
+      }
+      int group = GATED ? (GATE == GM_INTERLEAVE ? (e * Nst >> 5) + (n0 >> 4) : (e * Nst + n0) >> 4)
+                        : (e * Nst + n0) >> 4;
+      for (int ks = 0; ks < nk; ++ks, ++it) {
+        int st = it % WG_STAGES;
+        mbar_wait(empty0 + 8 * st, ((it / WG_STAGES) & 1) ^ 1);  // first pass: free
+        u32 sa = base + (u32)st * WG_STAGE_BYTES, bar = full0 + 8 * st;
+        if (tid == 0) {
+          mbar_expect_bytes(bar, WG_B_BYTES);
+          tma_load_weights(sa + WG_A_BYTES, wmap, group, ks * (WG_ROW / 16), bar);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          i64 off = (i64)ks * WG_ROW + ac * 16;
+          bool ok = asrc[i] && off < kbytes;
+          cp_async16(sa + swz((tid >> 3) + 16 * i, ac), ok ? asrc[i] + off : (const u8*)p.x,
+                     ok ? 16 : 0);
+        }
+        cp_async_arrive(bar);
+      }
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // Consumers: warpgroup wg multiplies sorted rows 64 wg .. 64 wg + 63 by the block's 128
+  // weight rows.
+  int ctid = tid - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
+  int gid = lane >> 2, tig = lane & 3;
+  int a_row0 = 64 * wg;
+  u32 it = 0;  // ring steps consumed
+  for (int w = blockIdx.x; w < work; w += gridDim.x) {
+    int tile, n0;
+    wg_work<GATED>(w, tiles, tile, n0);
+    int e = tile_expert[tile];
+    int r0 = tile * BM + a_row0 + 16 * warp + gid;
+    int rows[2] = {sorted[r0], sorted[r0 + 8]};
+    float acc[WG_ACC];
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) acc[i] = 0.0f;
+#if WG_FOLD
+    float part[WG_ACC];
+#endif
+#if WG_KSCALE
+    const u8* S = (const u8*)(GATED ? p.w13_scale : p.w2_scale);
+    int Kst = GATED ? p.Hp : p.Ip;
+    const float* xs = (const float*)(GATED ? p.xs : p.as);
+    int ng = GATED ? p.ng1 : p.ng2;
+    i64 srow0 = rows[0] < 0 ? -1 : (GATED ? rows[0] / p.topk : rows[0]);
+    i64 srow1 = rows[1] < 0 ? -1 : (GATED ? rows[1] / p.topk : rows[1]);
+    bool okh0, okh1;
+    int Rh0 = wg_row<GATED>(p, n0, 0, okh0);
+    int Rh1 = wg_row<GATED>(p, n0, WG_N / 2, okh1);
+#endif
+    for (int ks = 0; ks < nk; ++ks, ++it) {
+      int st = it % WG_STAGES;
+      mbar_wait(full0 + 8 * st, (it / WG_STAGES) & 1);
+      u32 sa = base + (u32)st * WG_STAGE_BYTES + (u32)(a_row0 * WG_ROW);
+      u32 sb = base + (u32)st * WG_STAGE_BYTES + WG_A_BYTES;
+      wgmma_fence();
+#if WG_FOLD
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wg_mma(part, wgmma_desc(sa + 32 * kk), wg_b_desc(sb, kk), kk > 0);
+      wgmma_commit();
+#if WG_KSCALE
+      int k = ks * WG_KSTEP;
+      float a0 = srow0 >= 0 ? xs[srow0 * ng + k / 128] : 0.0f;
+      float a1 = srow1 >= 0 ? xs[srow1 * ng + k / 128] : 0.0f;
+      float w0 = okh0 ? w_scale(S, e, Rh0, k, Nst, Kst) : 0.0f;
+      float w1 = okh1 ? w_scale(S, e, Rh1, k, Nst, Kst) : 0.0f;
+#endif
+      wgmma_wait<0>();
+      if (lane == 0) mbar_arrive(empty0 + 8 * st);  // this warp is done with the stage
+#pragma unroll
+      for (int i = 0; i < WG_ACC; ++i) {
+#if WG_KSCALE
+        float ws = GATED && (i / 4) * 8 >= WG_N / 2 ? w1 : w0;  // up half of stage 1
+        acc[i] = fmaf(part[i], ((i & 2) ? a1 : a0) * ws, acc[i]);
+#else
+        acc[i] += part[i];
+#endif
+      }
+#else
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wg_mma(acc, wgmma_desc(sa + 32 * kk), wg_b_desc(sb, kk), 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous step's MMAs are done: release its stage
+      if (ks > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
+#endif
+    }
+#if !WG_FOLD
+    wgmma_wait<0>();
+    if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
+#endif
+    wg_epilogue<GATED>(p, e, n0, 0, tig, rows, acc);
   }
 }
 
-#if WG_TMA
+// The second parameter: the tensor map of this stage's weights (w13 / w2).
+MP_KERNEL void __launch_bounds__(WG_WS_THREADS, 1)
+    moe_stage1(Params p, const __grid_constant__ WgTmaMap wmap) {
+  moe_gemm_wg_ws<true>(p, &wmap);
+}
+MP_KERNEL void __launch_bounds__(WG_WS_THREADS, 1)
+    moe_stage2(Params p, const __grid_constant__ WgTmaMap wmap) {
+  moe_gemm_wg_ws<false>(p, &wmap);
+}
+#elif WG_TMA
 // The second parameter: the tensor map of this stage's weights (w13 / w2).
 MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS)
     moe_stage1(Params p, const __grid_constant__ WgTmaMap wmap) {

@@ -67,6 +67,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 wgmma_bm: [128, 64][(chosen / 2) % 2],
                                 wgmma_blocks: [1, 2][(chosen / 4) % 2],
                                 wgmma_tma: (chosen / 8) % 2 == 0,
+                                wgmma_ws: (chosen / 16) % 2 == 0,
                             };
                             n += 1;
                             if !keep(&spec) && spec.fp8_fnuz {
@@ -83,6 +84,9 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                             }
                             if !keep(&spec) && spec.wgmma_tma {
                                 spec.wgmma_tma = false; // TMA takes AITER 16x16 weights only
+                            }
+                            if !keep(&spec) && spec.wgmma_ws {
+                                spec.wgmma_ws = false; // the producer starts TMA copies
                             }
                             if keep(&spec) {
                                 // GELU_TANH differs from GELU in the epilogue's one call:

@@ -41,6 +41,9 @@ static WGMMA_BLOCKS_PREFERENCE: Lazy<Option<u32>> =
 /// `MOEPLUG_WGMMA_TMA=0|1`: weight tiles by TMA (the default where it covers the
 /// configuration) or by per-thread cp.async (benchmarks).
 static WGMMA_TMA_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_TMA"));
+/// `MOEPLUG_WGMMA_WS=0|1`: the warp-specialised persistent kernel (the default where it
+/// covers the configuration) or one block per tile (benchmarks).
+static WGMMA_WS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_WS"));
 
 fn env_choice(name: &str) -> Option<u32> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
@@ -228,6 +231,10 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
     {
         return Some("TMA weight tiles: AITER 16x16 weights (not MXFP4) on 128 x 128 blocks");
     }
+    // The producer warpgroup copies activations and starts the TMA of the weights.
+    if spec.wgmma_ws && (!spec.wgmma_tma || spec.wgmma_blocks != 1) {
+        return Some("the warp-specialised kernel takes TMA weight tiles, one block per SM");
+    }
     None
 }
 
@@ -265,7 +272,10 @@ pub fn wgmma_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Opti
         }
     }
     // Weight tiles come in 16-byte copies (cp.async or TMA).
-    if [&launch.w13, &launch.w2].iter().any(|w| (w.ptr as usize) % 16 != 0) {
+    if [&launch.w13, &launch.w2]
+        .iter()
+        .any(|w| (w.ptr as usize) % 16 != 0)
+    {
         return Some("w13 / w2 are not 16-byte aligned");
     }
     None
@@ -325,6 +335,11 @@ pub fn spec_for(
         tma.wgmma_tma = WGMMA_TMA_PREFERENCE.map_or(true, |v| v == 1);
         if wgmma_spec_unsupported(90, &tma).is_none() {
             spec = tma;
+        }
+        let mut ws = spec.clone();
+        ws.wgmma_ws = WGMMA_WS_PREFERENCE.map_or(true, |v| v == 1);
+        if wgmma_spec_unsupported(90, &ws).is_none() {
+            spec = ws;
         }
     }
     Ok(spec)

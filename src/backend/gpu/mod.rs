@@ -167,6 +167,8 @@ pub struct GpuBackend {
     selftest: selftest_run::SelfTest,
     /// "gfx942:sramecc+:xnack-, 304 CUs, wave64, 64 KiB LDS per block" (for `info`).
     details: String,
+    /// Multiprocessors: the grid of persistent kernels.
+    compute_units: u32,
 }
 // The primary context handle is shared by the driver across threads.
 unsafe impl Send for GpuBackend {}
@@ -323,6 +325,7 @@ impl GpuBackend {
             runtime_version: d.runtime_version,
             kernels: Mutex::new(HashMap::new()),
             selftest: selftest_run::SelfTest::unproven("not run yet"),
+            compute_units: d.compute_units.max(1) as u32,
             details: format!(
                 "{}, {} CUs, wave{}, {} KiB LDS per block",
                 d.target_id,
@@ -567,11 +570,19 @@ impl GpuBackend {
         let act = l.config.act_dtype;
         let rows = |n: usize| (n as u32, 1);
         let pairs = plan.m * plan.topk;
-        let gemm =
-            |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, None, what);
+        let gemm = |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, None, what);
         let shared = spec.dynamic_shared_bytes() as u32;
+        let threads = spec.gemm_threads();
+        // A persistent GEMM walks every (tile, column block) from one block per SM.
+        let persistent = |grid: (u32, u32)| {
+            if spec.persistent() {
+                ((grid.0 * grid.1).min(self.compute_units), 1)
+            } else {
+                grid
+            }
+        };
         let stage = |f, grid, map: Option<&tma::TensorMap>, what| {
-            self.launch(f, grid, launch::THREADS, shared, stream, &p, map, what)
+            self.launch(f, persistent(grid), threads, shared, stream, &p, map, what)
         };
         self.launch(
             k.route,
@@ -724,6 +735,7 @@ fn default_spec() -> spec::KernelSpec {
         wgmma_bm: 128,
         wgmma_blocks: 1,
         wgmma_tma: false,
+        wgmma_ws: false,
     }
 }
 

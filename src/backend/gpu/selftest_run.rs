@@ -120,15 +120,16 @@ pub fn tested_specs(vendor: Vendor, arch: &str) -> Vec<KernelSpec> {
                 family,
                 ..problem_spec()
             };
-            // The wgmma family runs with TMA weight tiles where launches would.
-            let tma = KernelSpec {
+            // The wgmma family runs its warp-specialised TMA kernel where launches would.
+            let ws = KernelSpec {
                 wgmma_tma: true,
+                wgmma_ws: true,
                 ..spec.clone()
             };
-            let tma_ok = family == Family::Wgmma
-                && sm_version(arch).is_some_and(|sm| selectable(sm, &tma));
-            if tma_ok {
-                tma
+            let ws_ok =
+                family == Family::Wgmma && sm_version(arch).is_some_and(|sm| selectable(sm, &ws));
+            if ws_ok {
+                ws
             } else {
                 spec
             }

@@ -127,6 +127,9 @@ pub struct KernelSpec {
     pub wgmma_blocks: u32,
     /// Wgmma family: weight tiles by TMA from a tensor map the launch passes (`WG_TMA`).
     pub wgmma_tma: bool,
+    /// Wgmma family: a producer warpgroup fills the ring while two consumer warpgroups
+    /// multiply, persistent over the tiles (`WG_WS`).
+    pub wgmma_ws: bool,
 }
 
 impl KernelSpec {
@@ -153,7 +156,23 @@ impl KernelSpec {
             wgmma_bm: 128,
             wgmma_blocks: 1,
             wgmma_tma: false,
+            wgmma_ws: false,
         }
+    }
+
+    /// Threads of a stage-1 / stage-2 block (the warp-specialised wgmma kernel adds a
+    /// producer warpgroup to the two that multiply).
+    pub fn gemm_threads(&self) -> u32 {
+        if self.family == Family::Wgmma && self.wgmma_ws {
+            384
+        } else {
+            256
+        }
+    }
+
+    /// Whether stage 1 and 2 are persistent: one block per SM loops over the work.
+    pub fn persistent(&self) -> bool {
+        self.family == Family::Wgmma && self.wgmma_ws
     }
 
     /// Rows (token, slot pairs) per sorted tile: the route pads each expert to this (`BM`).
@@ -180,7 +199,7 @@ impl KernelSpec {
     fn wgmma_stages(&self) -> usize {
         let stage = (self.wgmma_bm as usize + self.wgmma_block_rows()) * 128;
         let per_block = 227 * 1024 / self.wgmma_blocks.max(1) as usize - 1024;
-        (per_block / stage).min(5)
+        (per_block / stage).min(if self.wgmma_ws { 6 } else { 5 })
     }
 
     /// Dynamic shared memory of each GEMM block: the wgmma family's ring (per stage the tile's
@@ -253,6 +272,7 @@ impl KernelSpec {
             d.push(format!("WG_SMEM_BYTES={}", self.dynamic_shared_bytes()));
             d.push(format!("WG_MIN_BLOCKS={}", self.wgmma_blocks));
             d.push(format!("WG_TMA={}", b(self.wgmma_tma)));
+            d.push(format!("WG_WS={}", b(self.wgmma_ws)));
         }
         d
     }

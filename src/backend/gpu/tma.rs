@@ -40,7 +40,9 @@ pub fn geometry(w: &WeightTensor) -> Result<([u64; 5], [u64; 4], [u32; 5])> {
     let wrow = w.row_bytes as u64;
     let chunks = w.row_bytes / 16;
     if w.row_bytes % 16 != 0 {
-        return Err(Error::internal("TMA weights: rows are not whole 16-byte chunks"));
+        return Err(Error::internal(
+            "TMA weights: rows are not whole 16-byte chunks",
+        ));
     }
     let (groups, group_stride, halves, half_stride, box_groups) = match w.gated {
         Some((GateMode::Separated, ip)) => (
@@ -59,11 +61,23 @@ pub fn geometry(w: &WeightTensor) -> Result<([u64; 5], [u64; 4], [u32; 5])> {
             w.block_rows / 32,
         ),
         Some(_) => return Err(Error::internal("TMA weights: gate mode not covered")),
-        None => (w.experts * w.rows / 16, 16 * wrow, 1, 16 * wrow, w.block_rows / 16),
+        None => (
+            w.experts * w.rows / 16,
+            16 * wrow,
+            1,
+            16 * wrow,
+            w.block_rows / 16,
+        ),
     };
     let dims = [16, 16, groups as u64, halves, chunks as u64];
     let strides = [16, group_stride, half_stride, 256];
-    let boxes = [16, 16, box_groups as u32, halves as u32, (K_STEP_BYTES / 16) as u32];
+    let boxes = [
+        16,
+        16,
+        box_groups as u32,
+        halves as u32,
+        (K_STEP_BYTES / 16) as u32,
+    ];
     Ok((dims, strides, boxes))
 }
 
