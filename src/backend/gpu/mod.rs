@@ -11,6 +11,7 @@ pub mod kernel_configs;
 pub mod launch;
 #[cfg(test)]
 pub(crate) mod mirror;
+pub mod pointer;
 pub mod prep;
 pub mod selftest;
 pub mod selftest_run;
@@ -546,6 +547,8 @@ impl GpuBackend {
         }
         let ws = launch::workspace_ptr(l, plan)?;
         let _ctx = self.enter()?;
+        // Every tensor the kernels may touch is memory of this device (one query each).
+        pointer::check_tensors(self.api, self.device_id, l.tensors())?;
         let mut spec = plan.spec.clone();
         // A driver without the TMA encoder runs the same family with per-thread copies.
         spec.wgmma_tma &= self.api.cuTensorMapEncodeTiled.is_some();
