@@ -5,8 +5,8 @@
 //!
 //! One `cuPointerGetAttributes` / `hipDrvPointerGetAttributes` call per tensor asks for the
 //! memory type, whether it is managed, the device ordinal and the allocation's address range.
-//! It is a host-side query: no stream operation and no synchronization, so it may run while
-//! a stream is capturing a graph (the capture tests of tests/gpu run through it).
+//! It is a host-side query, neither a stream operation nor a synchronization (what stream
+//! capture forbids); the graph-capture tests of tests/gpu run through it.
 //!
 //! What the range can prove: the driver reports the range it allocated or reserved (a
 //! `cuMemAlloc` allocation, a memory-pool or VMM reservation), not the caller's sub-allocation,
