@@ -677,6 +677,7 @@ pub fn describe() -> String {
         out.push_str(&format!("cuda:0 {}\n", g.selftest.line()));
     }
     if let Ok(api) = CUDA_API.as_ref() {
+        out.push_str(&pointer::describe(api));
         // A cold compile of the default configuration, not read from or written to the cache.
         let defines = default_spec().defines();
         let start = std::time::Instant::now();

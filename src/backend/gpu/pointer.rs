@@ -190,6 +190,20 @@ fn query(
     }))
 }
 
+/// One line for `moeplug info`: whether device tensors are checked.
+pub fn describe(api: &Api) -> String {
+    let query = query_name(api.vendor);
+    match api.cuPointerGetAttributes {
+        Some(_) => {
+            format!("device tensors: checked before every launch ({query}, one per tensor)\n")
+        }
+        None => format!(
+            "device tensors: NOT checked ({} has no {query})\n",
+            api.driver_library
+        ),
+    }
+}
+
 /// Check every non-empty tensor of a call on device `device_id` (one driver query each).
 /// Without the query in the driver (older than CUDA 10 / ROCm 6) nothing can be checked and
 /// nothing is refused.
