@@ -76,6 +76,12 @@ pub struct Api {
     pub cuCtxSynchronize: unsafe extern "C" fn() -> c_int,
     /// `cuGetErrorName` (CUDA) / `hipGetErrorName` (HIP): "CUDA_ERROR_INVALID_VALUE".
     pub cuGetErrorName: unsafe extern "C" fn(c_int, *mut *const c_char) -> c_int,
+    /// `cuPointerGetAttributes` / `hipDrvPointerGetAttributes`: what the driver knows about a
+    /// tensor's address before a launch (`pointer`). Optional: a driver without it still
+    /// loads, and then device tensors are not checked.
+    #[allow(clippy::type_complexity)]
+    pub cuPointerGetAttributes:
+        Option<unsafe extern "C" fn(c_uint, *mut c_int, *mut *mut c_void, DevicePtr) -> c_int>,
     /// HIP only: `hipGetDevicePropertiesR0600` (fills [`super::hip::DevicePropR0600`]), the
     /// one source of the device's gcnArchName.
     pub hipGetDevicePropertiesR0600: Option<unsafe extern "C" fn(*mut c_void, c_int) -> c_int>,
@@ -252,6 +258,7 @@ pub fn load(vendor: Vendor) -> Result<Api> {
                     cuMemcpyDtoH: drv.get("cuMemcpyDtoH_v2")?,
                     cuCtxSynchronize: drv.get("cuCtxSynchronize")?,
                     cuGetErrorName: drv.get("cuGetErrorName")?,
+                    cuPointerGetAttributes: drv.get("cuPointerGetAttributes").ok(),
                     hipGetDevicePropertiesR0600: None,
                     driver_library: drv.name.clone(),
                     rtc: nv_rtc(&rtc)?,
@@ -336,6 +343,7 @@ fn hip_driver(vendor: Vendor) -> Result<Api> {
             cuMemcpyDtoH: drv.get("hipMemcpyDtoH")?,
             cuCtxSynchronize: drv.get("hipDeviceSynchronize")?,
             cuGetErrorName: drv.get("hipDrvGetErrorName")?,
+            cuPointerGetAttributes: drv.get("hipDrvPointerGetAttributes").ok(),
             hipGetDevicePropertiesR0600: Some(drv.get("hipGetDevicePropertiesR0600")?),
             driver_library: drv.name.clone(),
             rtc: hip_rtc_for(get_version)?,
@@ -382,6 +390,7 @@ fn hip_driver(vendor: Vendor) -> Result<Api> {
             cuMemcpyDtoH: f!(hipMemcpyDtoH),
             cuCtxSynchronize: f!(hipDeviceSynchronize),
             cuGetErrorName: f!(hipDrvGetErrorName),
+            cuPointerGetAttributes: Some(f!(hipDrvPointerGetAttributes)),
             hipGetDevicePropertiesR0600: Some(hipGetDevicePropertiesR0600),
             driver_library: "libamdhip64 (linked)".to_string(),
             rtc: hip_rtc_for(get_version)?,

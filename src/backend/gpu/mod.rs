@@ -11,6 +11,7 @@ pub mod kernel_configs;
 pub mod launch;
 #[cfg(test)]
 pub(crate) mod mirror;
+pub mod pointer;
 pub mod prep;
 pub mod selftest;
 pub mod selftest_run;
@@ -549,6 +550,8 @@ impl GpuBackend {
         }
         let ws = launch::workspace_ptr(l, plan)?;
         let _ctx = self.enter()?;
+        // Every tensor the kernels may touch is memory of this device (one query each).
+        pointer::check_tensors(self.api, self.device_id, l.tensors())?;
         let mut spec = plan.spec.clone();
         // A driver without the TMA encoder runs the same family with per-thread copies.
         spec.wgmma_tma &= self.api.cuTensorMapEncodeTiled.is_some();
@@ -685,6 +688,7 @@ pub fn describe() -> String {
         out.push_str(&format!("cuda:0 {}\n", g.selftest.line()));
     }
     if let Ok(api) = CUDA_API.as_ref() {
+        out.push_str(&pointer::describe(api));
         // A cold compile of the default configuration, not read from or written to the cache.
         let defines = default_spec().defines();
         let start = std::time::Instant::now();

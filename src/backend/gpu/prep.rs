@@ -237,6 +237,7 @@ pub(super) fn run_steps_on(
 /// kernel, the quantizer as one or two.
 pub fn run_job(vendor: Vendor, device_id: i32, stream: *mut c_void, job: &PrepJob) -> Result<()> {
     let t = &job.tensors;
+    check_tensors(vendor, device_id, t)?;
     for op in &job.ops {
         match *op {
             PrepOp::Step { step, src, dst } => run_steps(
@@ -281,6 +282,14 @@ pub fn run_job(vendor: Vendor, device_id: i32, stream: *mut c_void, job: &PrepJo
         }
     }
     Ok(())
+}
+
+/// Every tensor of a prep call is memory of the device (`pointer`: one query each), before
+/// the first kernel of the call.
+fn check_tensors(vendor: Vendor, device_id: i32, tensors: &[Tensor]) -> Result<()> {
+    let (dev, _) = open(vendor, device_id)?;
+    let _ctx = dev.enter()?;
+    super::pointer::check_tensors(dev.api, device_id, tensors)
 }
 
 /// One step with tensors (see [`run_steps`]).
