@@ -54,6 +54,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 gate_mode: gm,
                                 activation: ROTATED[chosen % ROTATED.len()],
                                 act_dtype: act,
+                                stage2_act_dtype: act,
                                 in_f16,
                                 out_f16: bit(3),
                                 has_bias: bit(0),

@@ -12,7 +12,7 @@
 
 use super::cache::{fused_moe_source, KERNEL_HEADERS, PREP_SOURCE};
 use super::compile_check::specs_where;
-use super::heuristics::mfma_arch;
+use super::heuristics::{mfma_arch, mfma_spec_unsupported};
 use super::spec::{Family, KernelSpec};
 use crate::types::{ActDtype, WeightFormat};
 
@@ -35,7 +35,7 @@ pub fn hip_exclusion(family: Family) -> Option<&'static str> {
 pub fn hip_specs() -> Vec<KernelSpec> {
     specs_where(|s| {
         hip_exclusion(s.family).is_none()
-            && (s.family == Family::Fp32 || s.weight_format != WeightFormat::Int4Group32)
+            && (s.family == Family::Fp32 || mfma_spec_unsupported(s).is_none())
     })
 }
 

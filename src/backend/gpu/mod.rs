@@ -450,8 +450,9 @@ pub fn gpu_caps(arch: &str, runtime_version: &str) -> Caps {
 }
 
 /// What the kernels can run: the CPU backend's masks (every format, activation dtype, gate
-/// mode, layout and feature) plus graph capture and device prep, less a separate stage-2
-/// act dtype and the activation NONE, with the vendor's backend kind.
+/// mode, activation, layout and feature) plus graph capture and device prep, with the
+/// vendor's backend kind. A separate stage-2 act dtype and the activation NONE run on the
+/// families that cover them (heuristics: fp32, tile32, stream), so every launch has one.
 pub fn vendor_caps(vendor: Vendor, arch: &str, runtime_version: &str) -> Caps {
     let mut caps = Caps::full_fused_moe(
         vendor.backend_kind(),
@@ -465,20 +466,13 @@ pub fn vendor_caps(vendor: Vendor, arch: &str, runtime_version: &str) -> Caps {
     if vendor == Vendor::Cuda {
         caps.features |= feature::DETERMINISTIC;
     }
-    // The kernels compile ACT_Q once for both stages, and their GEMMs read a gated w13.
-    caps.features &= !feature::STAGE2_ACT_DTYPE;
     caps.activations = Activation::mask_of(GPU_ACTIVATIONS);
     caps
 }
 
-/// The activations the GPU kernels implement: all but NONE (a non-gated w13 changes the
-/// stage-1 GEMM's row mapping, not only its epilogue).
-pub const GPU_ACTIVATIONS: &[Activation] = &[
-    Activation::Silu,
-    Activation::Gelu,
-    Activation::SwigluOai,
-    Activation::GeluTanh,
-];
+/// The activations the GPU kernels implement: all of them (NONE on the families that map a
+/// non-gated stage 1, heuristics::family_unsupported).
+pub const GPU_ACTIVATIONS: &[Activation] = Activation::ALL;
 
 impl Backend for GpuBackend {
     fn kind(&self) -> BackendKind {
@@ -539,12 +533,14 @@ impl GpuBackend {
         let ws = launch::workspace_ptr(l, plan)?;
         let _ctx = self.enter()?;
         let k = self.kernels(&plan.spec)?;
+        // Stage 2 from the module of its own act dtype (the same module when it is the same).
+        let k2 = self.kernels(&plan.spec2)?;
         let p = launch::params(l, plan, ws);
         let stream = l.stream as Handle;
         let tiles = plan.max_tiles as u32;
         let (n1, n2) = plan.spec.block_columns();
         let c = &l.config.layout;
-        let act = l.config.act_dtype;
+        let (act, act2) = (l.config.act_dtype, l.config.stage2_act_dtype);
         let rows = |n: usize| (n as u32, 1);
         let pairs = plan.m * plan.topk;
         let gemm = |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, what);
@@ -574,19 +570,19 @@ impl GpuBackend {
             (tiles, c.intermediate_size.div_ceil(n1) as u32),
             "moe_stage1",
         )?;
-        if act == ActDtype::Fp8PerTensor && !static2 {
-            gemm(k.amax2, rows(pairs), "moe_amax2")?;
+        if act2 == ActDtype::Fp8PerTensor && !static2 {
+            gemm(k2.amax2, rows(pairs), "moe_amax2")?;
         }
-        if act.is_quantized() {
-            gemm(k.quant2, rows(pairs), "moe_quant2")?;
+        if act2.is_quantized() {
+            gemm(k2.quant2, rows(pairs), "moe_quant2")?;
         }
         stage(
-            k.stage2,
+            k2.stage2,
             (tiles, c.hidden_size.div_ceil(n2) as u32),
             "moe_stage2",
         )?;
         gemm(
-            k.reduce,
+            k2.reduce,
             (
                 plan.m as u32,
                 (plan.out_cols as u32).div_ceil(launch::THREADS),
@@ -687,6 +683,7 @@ fn default_spec() -> spec::KernelSpec {
         gate_mode: GateMode::Separated,
         activation: Activation::Silu,
         act_dtype: ActDtype::Bf16,
+        stage2_act_dtype: ActDtype::Bf16,
         in_f16: false,
         out_f16: false,
         has_bias: false,
