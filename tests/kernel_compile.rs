@@ -4,7 +4,8 @@
 //! it the test says so and passes, unless MOEPLUG_REQUIRE_NVRTC=1 (CI) makes it fail.
 //! `MOEPLUG_COMPILE_CHECK_ARCHS=sm_90` narrows the archs, `MOEPLUG_COMPILE_CHECK_LIMIT=N`
 //! compiles only every N-th configuration, `MOEPLUG_COMPILE_CHECK_FAMILY=stream` one family and
-//! `MOEPLUG_COMPILE_CHECK_DEFINE=ACT=5` only configurations with that `-D` (a quick local look).
+//! `MOEPLUG_COMPILE_CHECK_DEFINE="ACT=5 ACT_Q=0"` only configurations with all of those `-D`
+//! (a quick local look).
 
 use moeplug::backend::gpu::{cache, compile_check, driver};
 
@@ -36,7 +37,12 @@ fn every_selectable_kernel_compiles_without_spills() {
         let specs: Vec<_> = compile_check::selectable_specs(sm)
             .into_iter()
             .filter(|s| family.as_deref().is_none_or(|f| s.family.name() == f))
-            .filter(|s| define.as_ref().is_none_or(|d| s.defines().contains(d)))
+            .filter(|s| {
+                let d = s.defines();
+                define
+                    .as_ref()
+                    .is_none_or(|want| want.split_whitespace().all(|w| d.iter().any(|x| x == w)))
+            })
             .step_by(every.max(1))
             .collect();
         let results = std::sync::Mutex::new(Vec::new());
