@@ -80,9 +80,13 @@ def main():
     picked = os.environ.get("BENCH_RUNS")
     runs = [tuple(r.split(":")) for r in picked.split(",")] if picked else RUNS
     rows = []
+    # BENCH_E="model=E,..." overrides the trimmed expert counts (e.g. the real ones for ncu).
+    for spec in filter(None, os.environ.get("BENCH_E", "").split(",")):
+        name, e = spec.split("=")
+        MODELS[name]["E"] = int(e)
     for model, fmt in runs:
         c = MODELS[model]
-        nsets = 3
+        nsets = int(os.environ.get("BENCH_SETS", 3))
         sets = [make_moe(fmt, "aiter_16x16", "aiter_e8m0" if fmt.startswith("mx") else "none",
                          "separated", c["E"], c["H"], c["I"], c["Hp"], c["Ip"], c["bias"], "cuda", s)
                 for s in range(nsets)]
@@ -91,7 +95,8 @@ def main():
                 m.pop(key)
         torch.cuda.empty_cache()
         for M in ms:
-            r = bench(model, fmt, M, sets, iters=20 if M < 1000 else 5)
+            iters = int(os.environ.get("BENCH_ITERS", 20 if M < 1000 else 5))
+            r = bench(model, fmt, M, sets, iters)
             rows.append(r)
             print(f"{model:14s} {fmt:16s} M={M:5d} {r['median_s']*1e3:9.3f} ms  floor "
                   f"{r['floor_s']*1e3:8.3f} ms  x{r['ratio']:7.1f}  {r['tflops']:6.1f} TFLOP/s "

@@ -27,6 +27,7 @@
 #pragma once
 #include "moe_common.cuh"
 #include "mma_sm80.cuh"
+#include "mx_bf16.cuh"
 
 #define SW_WARPS 8          // warps per block, splitting K
 #define SW_SUBS (BM / 8)    // 8-token column tiles per sorted tile
@@ -83,33 +84,6 @@ __device__ __forceinline__ void sw_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3,
 #else
   mma_bf16_16816(c, a0, a1, a2, a3, b0, b1);
 #endif
-}
-
-// Codes p and p + 4 of the 8 e2m1 codes in `v` as a bf16 pair times 2^-126 (the code's
-// exponent and mantissa bits placed at the bottom of the bf16 exponent; exact, subnormal for
-// 0.5): the multiply by 2^126 * scale restores the value.
-template <int P>
-__device__ __forceinline__ u32 sw_e2m1_pair(u32 v) {
-  u32 mag = P <= 1 ? v << (6 - 4 * P) : v >> (4 * P - 6);
-  u32 sgn = v << (12 - 4 * P);
-  return (mag & 0x01C001C0u) | (sgn & 0x80008000u);
-}
-
-__device__ __forceinline__ u32 sw_bf16x2_mul(u32 a, u32 b) {
-  u32 d;
-  // fma with -0 is an exact multiply on sm_80 (mul.bf16x2 needs sm_90); bf16 keeps subnormals.
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-  return d;
-}
-
-// The two bf16 multipliers that turn sw_e2m1_pair's output into code * 2^(b - 127): one
-// multiply by 2^(b - 1) when that is a normal bf16 (b <= 128), else 2^126 then 2^(b - 127)
-// (b = 255: NaN, as the CPU's decoding).
-__device__ __forceinline__ void sw_mx_factors(u32 b, u32& f1, u32& f2) {
-  u32 h1 = b <= 128u ? (b + 126u) << 7 : 0x7E80u;
-  u32 h2 = b <= 128u ? 0x3F80u : b == 255u ? 0x7FC0u : b << 7;
-  f1 = h1 | h1 << 16;
-  f2 = h2 | h2 << 16;
 }
 
 // First weight row of row group g's two 16-row tiles (gated stage 1: t = 0 gate, t = 1 up
@@ -344,7 +318,7 @@ __device__ void moe_gemm_stream(const Params& p) {
     for (int t = 0; t < 2; ++t)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        sw_mx_factors(scur.mx[t][h], f1[t][h], f2[t][h]);
+        mx_factors(scur.mx[t][h], f1[t][h], f2[t][h]);
         twice |= scur.mx[t][h] > 128u;
       }
     twice = __any_sync(0xffffffffu, twice);
@@ -363,13 +337,13 @@ __device__ void moe_gemm_stream(const Params& p) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             u32 v = sw_word(wcur[t][h], i);
-            u32 p0 = s2 ? sw_e2m1_pair<2>(v) : sw_e2m1_pair<0>(v);
-            u32 p1 = s2 ? sw_e2m1_pair<3>(v) : sw_e2m1_pair<1>(v);
-            p0 = sw_bf16x2_mul(p0, f1[t][h]);
-            p1 = sw_bf16x2_mul(p1, f1[t][h]);
+            u32 p0 = s2 ? mx_e2m1_pair<2>(v) : mx_e2m1_pair<0>(v);
+            u32 p1 = s2 ? mx_e2m1_pair<3>(v) : mx_e2m1_pair<1>(v);
+            p0 = mx_bf16x2_mul(p0, f1[t][h]);
+            p1 = mx_bf16x2_mul(p1, f1[t][h]);
             if (twice) {
-              p0 = sw_bf16x2_mul(p0, f2[t][h]);
-              p1 = sw_bf16x2_mul(p1, f2[t][h]);
+              p0 = mx_bf16x2_mul(p0, f2[t][h]);
+              p1 = mx_bf16x2_mul(p1, f2[t][h]);
             }
             a[t][h][0] = p0;
             a[t][h][1] = p1;

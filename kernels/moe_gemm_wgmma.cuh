@@ -5,6 +5,7 @@
 #error "this family's thread mapping is written for 64- and 128-row tiles"
 #endif
 #include "mma_sm90.cuh"
+#include "mx_bf16.cuh"
 
 // GEMM family FAMILY_WGMMA: Hopper warpgroup MMA for many tokens per expert (CUDA sm_90a).
 //
@@ -20,8 +21,8 @@
 // Covered (heuristics::wgmma_spec_unsupported):
 // - bf16 x bf16 and fp16 x fp16 (activations of the weights' type, the caller's dtype);
 // - MXFP4 weights with bf16 activations: each thread loads one 16-byte pack of 32 codes a
-//   step ahead into registers and writes it to the weight tile as bf16 with its e8m0 scale
-//   folded in (a power of two: exact);
+//   step ahead into registers and writes it to the weight tile as bf16 (mx_bf16.cuh: bit
+//   operations, the e8m0 scale folded in by exact multiplies);
 // - e4m3fn weights (per tensor, per channel, block 128) with fp8 activations (per token, per
 //   tensor, block 128), summed in two levels: each step's MMAs go to a partial sum added into
 //   the fp32 accumulator (the tensor core's fp8 sums keep ~14 bits), scaled there by the
@@ -195,25 +196,22 @@ __device__ void moe_gemm_wg(const Params& p) {
   const int mstride = 16;
 #endif
   uint4 mraw = make_uint4(0u, 0u, 0u, 0u);
-  float mscale = 0.0f;
+  u32 mscale = 0u;  // e8m0 (a zero pack decodes to zeros whatever the scale)
   auto mx_fetch = [&](int ks) {
     int kc = 2 * ks + mc;
     bool ok = mok && kc * 32 < K;
     mraw = ok ? *(const uint4*)(msrc + (i64)kc * mstride) : make_uint4(0u, 0u, 0u, 0u);
-    mscale = ok ? mp_e8m0_to_f32(S[mx_scale_offset(e, mR, Nst, kc, Kst >> 5)]) : 0.0f;
+    mscale = ok ? S[mx_scale_offset(e, mR, Nst, kc, Kst >> 5)] : 127u;
   };
   auto mx_store = [&](int ks) {
     u32 sb = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES;
     u32 words[4] = {mraw.x, mraw.y, mraw.z, mraw.w};
+    u32 f1, f2;
+    mx_factors(mscale, f1, f2);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // word i: codes 8 i .. 8 i + 7 -> one 16-byte chunk
       u32 o[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        u32 lo = __float_as_uint(mp_e2m1_to_f32((words[i] >> (8 * j)) & 15u) * mscale) >> 16;
-        u32 hi = __float_as_uint(mp_e2m1_to_f32((words[i] >> (8 * j + 4)) & 15u) * mscale) >> 16;
-        o[j] = lo | hi << 16;
-      }
+      mx_e2m1_word(words[i], f1, f2, mscale > 128u, o);
       asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(sb + swz(mr, 4 * mc + i)),
                    "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3])
                    : "memory");
