@@ -38,10 +38,7 @@ pub const KERNEL_HEADERS: [(&str, &str); 11] = [
         "moe_gemm_tile32.cuh",
         include_str!("../../../kernels/moe_gemm_tile32.cuh"),
     ),
-    (
-        "mx_bf16.cuh",
-        include_str!("../../../kernels/mx_bf16.cuh"),
-    ),
+    ("mx_bf16.cuh", include_str!("../../../kernels/mx_bf16.cuh")),
     (
         "moe_gemm_stream.cuh",
         include_str!("../../../kernels/moe_gemm_stream.cuh"),
