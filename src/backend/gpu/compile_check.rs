@@ -90,12 +90,13 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                         ..spec.clone()
                                     });
                                 // NONE (a non-gated stage 1, SEPARATED records only) on every
-                                // other configuration where SILU meets SEPARATED, and a
-                                // separate stage-2 act dtype on every fourth (it changes one
-                                // cast of the stage-1 epilogue): a third more compiles in all.
-                                let none = (spec.activation == Activation::Silu
-                                    && gm == GateMode::Separated
-                                    && chosen % 2 == 0)
+                                // other configuration where SILU meets SEPARATED (on every
+                                // SEPARATED one of the stream family's few), and a separate
+                                // stage-2 act dtype on every fourth (it changes one cast of the
+                                // stage-1 epilogue): a third more compiles in all.
+                                let none = (gm == GateMode::Separated
+                                    && (family == Family::Stream
+                                        || spec.activation == Activation::Silu && chosen % 2 == 0))
                                     .then(|| KernelSpec {
                                         activation: Activation::NoActivation,
                                         ..spec.clone()
