@@ -4,8 +4,9 @@
 // None of it depends on the GEMM family; fused_moe.cu includes one family after this.
 //
 // Compile-time configuration (-D, rendered by src/backend/gpu/spec.rs): WFMT (weight format),
-// WLAYOUT, SLAYOUT (0 = no scales), GATE, ACT (gated activation), ACT_F16/IN_F16/OUT_F16
-// (0 = bf16), ACT_Q (0 = 16-bit activations, else the quantized act dtype), HAS_BIAS, RWOI
+// WLAYOUT, SLAYOUT (0 = no scales), GATE, ACT (activation; AF_NONE: w13 holds only up rows),
+// ACT_F16/IN_F16/OUT_F16 (0 = bf16), ACT_Q (0 = 16-bit activations, else the quantized act
+// dtype), INTER_F16 (the intermediate's 16-bit type, KernelSpec::inter_f16), HAS_BIAS, RWOI
 // (router weight on input), HAS_MASK, FP8_FNUZ (fp8 flavour of weights and activations),
 // FAMILY (the GEMM family). The values are the ABI's, compared by name: the host prepends
 // `#define WF_MXFP4 6`-style names for every enum value (spec::abi_prelude), so no kernel
@@ -16,6 +17,9 @@
 // per group: the row for FP8_PER_TOKEN / FP8_PER_TENSOR, 128 for FP8_BLOCK128, 32 for MX),
 // and the GEMMs read code * scale. FP8_PER_TENSOR takes one amax over the whole stage input
 // (a device-side atomicMax; the route kernel zeroes it).
+//
+// A separate stage-2 act dtype runs stage 2 from a second module compiled with ACT_Q / ACT_F16
+// of that dtype (KernelSpec::stage2): the only fact both modules share is INTER_F16.
 #pragma once
 #include "moeplug_port.h"
 
@@ -46,6 +50,12 @@ struct Params {
 #ifndef ACT_Q
 #define ACT_Q 0
 #endif
+#ifndef INTER_F16
+#error "INTER_F16: the intermediate's 16-bit type, set by the host"
+#endif
+// w13 holds gate and up rows (2 Ip per expert); without (AF_NONE) only the Ip up rows, and the
+// GEMM families map stage 1 as they map stage 2 (one weight row per output column).
+#define GATED_ACT (ACT != AF_NONE)
 // Elements per scale group along K (0 = the whole row).
 #if ACT_Q == AD_FP8_BLOCK128
 #define QG 128
@@ -172,7 +182,8 @@ __device__ __forceinline__ float w_scale(const u8* S, int e, int R, int k, int N
 #endif
 }
 
-// Physical w13 row of logical gate row i (up = gate + 1 half).
+// Physical w13 row of logical gate row i (up = gate + 1 half); without a gated activation
+// up row i is row i.
 __device__ __forceinline__ int gate_row(int i, int Ip) {
 #if GATE == GM_SEPARATED
   return i;
@@ -183,7 +194,9 @@ __device__ __forceinline__ int gate_row(int i, int Ip) {
 #endif
 }
 __device__ __forceinline__ int up_row(int i, int Ip) {
-#if GATE == GM_SEPARATED
+#if !GATED_ACT
+  return i;
+#elif GATE == GM_SEPARATED
   return Ip + i;
 #elif GATE == GM_INTERLEAVE
   return ((i >> 4) << 5) + 16 + (i & 15);
@@ -214,7 +227,9 @@ __device__ __forceinline__ float load_x(u16 v) {
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __device__ __forceinline__ float activate(float g, float u, const Params& p) {
-#if ACT == AF_SWIGLU_OAI
+#if !GATED_ACT
+  return u;  // NONE takes no limit (the launch check)
+#elif ACT == AF_SWIGLU_OAI
   float L = p.limit;  // always set for SWIGLU_OAI
   g = fminf(g, L);
   u = fminf(fmaxf(u, -L), L);
@@ -234,9 +249,10 @@ __device__ __forceinline__ float activate(float g, float u, const Params& p) {
 #endif
 }
 
-// Stage-1 epilogue of both GEMM paths: router weight on input, bias, activation, then the cast
-// to the output dtype (as the CPU backend does) and, for 16-bit activations of the other
-// 16-bit type, once more to the activation dtype; quantized activations start from the cast.
+// Stage-1 epilogue of every GEMM family: router weight on input, bias, activation, then the
+// cast to the output dtype (as the CPU backend does) and, when stage 2 reads 16-bit
+// activations of the other 16-bit type, once more to that type (INTER_F16); quantized stage-2
+// activations start from the cast. Without a gated activation `g` is unused.
 __device__ __forceinline__ void store_gated(const Params& p, int e, i64 q, int col, float g,
                                             float u, float w) {
 #if RWOI
@@ -244,8 +260,10 @@ __device__ __forceinline__ void store_gated(const Params& p, int e, i64 q, int c
   u *= w;
 #endif
 #if HAS_BIAS
-  const float* b = (const float*)p.w13_bias + (i64)e * 2 * p.Ip;
+  const float* b = (const float*)p.w13_bias + (i64)e * (GATED_ACT ? 2 : 1) * p.Ip;
+#if GATED_ACT
   g += b[gate_row(col, p.Ip)];
+#endif
   u += b[up_row(col, p.Ip)];
 #endif
   float a = activate(g, u, p);
@@ -254,9 +272,9 @@ __device__ __forceinline__ void store_gated(const Params& p, int e, i64 q, int c
 #else
   u16 o = mp_f32_to_bf16(a);
 #endif
-#if !ACT_Q && OUT_F16 != ACT_F16
+#if OUT_F16 != INTER_F16
   float r = OUT_F16 ? mp_f16_to_f32(o) : mp_bf16_to_f32(o);
-  o = ACT_F16 ? mp_f32_to_f16(r) : mp_f32_to_bf16(r);
+  o = INTER_F16 ? mp_f32_to_f16(r) : mp_f32_to_bf16(r);
 #endif
   ((u16*)p.inter)[q * p.I + col] = o;
 }
@@ -376,7 +394,8 @@ MP_KERNEL void __launch_bounds__(SCAN_THREADS) moe_route(Params p) {
 #define FP8_MAX (FP8_FNUZ ? 240.0f : 448.0f)
 
 // Stage input row `row` as f32: stage 1 reads hidden_states (the caller's dtype), stage 2 the
-// stage-1 output, already cast to the output dtype as the CPU backend does. Returns false for
+// stage-1 output, already cast to the output dtype as the CPU backend does (INTER_F16 is
+// OUT_F16 when stage 2 quantizes). Returns false for
 // rows no GEMM reads (tokens at or beyond num_local_tokens, unrouted (token, slot) pairs).
 template <int STAGE>
 __device__ __forceinline__ bool quant_row(const Params& p, i64 row, const u16*& src, int& K) {
@@ -394,7 +413,7 @@ __device__ __forceinline__ bool quant_row(const Params& p, i64 row, const u16*& 
 
 template <int STAGE>
 __device__ __forceinline__ float quant_src(const u16* src, int k) {
-  bool f16 = STAGE == 1 ? IN_F16 : OUT_F16;
+  bool f16 = STAGE == 1 ? IN_F16 : INTER_F16;
   return f16 ? mp_f16_to_f32(src[k]) : mp_bf16_to_f32(src[k]);
 }
 

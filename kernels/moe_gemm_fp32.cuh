@@ -10,12 +10,12 @@
 #define BN 64  // output columns per block
 #define BK 32  // K step
 
-// Stage 1 (GATED) or
-// stage 2: one block computes BM sorted rows x BN output columns of one
+// Stage 1 (S1) or stage 2: one block computes BM sorted rows x BN output columns of one
 // expert with fp32 FMA over shared-memory tiles. Thread (ty, tx) owns rows 2ty..2ty+1 and
-// columns 4tx..4tx+3.
-template <bool GATED>
+// columns 4tx..4tx+3. A gated stage 1 (GATED) reads a gate and an up row per column.
+template <bool S1>
 __device__ void moe_gemm(const Params& p) {
+  constexpr bool GATED = S1 && GATED_ACT;
   __shared__ float As[BK][BM + 1];
   __shared__ float Bs[GATED ? 2 : 1][BK][BN + 4];
   __shared__ int s_row[BM];
@@ -27,13 +27,13 @@ __device__ void moe_gemm(const Params& p) {
   if (tid < BM) s_row[tid] = ((const int*)p.sorted_rows)[tile * BM + tid];
 
   // stage 1: A = x rows (K = H), B = w13 rows; stage 2: A = intermediate rows (K = I), B = w2.
-  int K = GATED ? p.H : p.I;          // logical K: padded columns are skipped
-  int Kst = GATED ? p.Hp : p.Ip;      // K of the stored matrix
-  int Nst = GATED ? 2 * p.Ip : p.Hp;  // rows of the stored matrix
-  int Ncols = GATED ? p.I : p.H;      // logical output columns
-  const u8* W = (const u8*)(GATED ? p.w13 : p.w2);
-  const u8* S = (const u8*)(GATED ? p.w13_scale : p.w2_scale);
-  const u16* A = (const u16*)(GATED ? p.x : p.inter);
+  int K = S1 ? p.H : p.I;                               // logical K: padded columns skipped
+  int Kst = S1 ? p.Hp : p.Ip;                           // K of the stored matrix
+  int Nst = S1 ? (GATED ? 2 : 1) * p.Ip : p.Hp;         // rows of the stored matrix
+  int Ncols = S1 ? p.I : p.H;                           // logical output columns
+  const u8* W = (const u8*)(S1 ? p.w13 : p.w2);
+  const u8* S = (const u8*)(S1 ? p.w13_scale : p.w2_scale);
+  const u16* A = (const u16*)(S1 ? p.x : p.inter);
   float acc[GATED ? 2 : 1][2][4];
   for (int g = 0; g < (GATED ? 2 : 1); ++g)
     for (int i = 0; i < 2; ++i)
@@ -47,16 +47,16 @@ __device__ void moe_gemm(const Params& p) {
       if (q >= 0 && k < K) {
 #if ACT_Q
         // code * scale, the value the CPU's quantize-dequantize gives (one f32 rounding).
-        i64 arow = GATED ? q / p.topk : q;
-        const u8* codes = (const u8*)(GATED ? p.xq : p.aq);
-        const float* sc = (const float*)(GATED ? p.xs : p.as);
-        int ng = GATED ? p.ng1 : p.ng2;
+        i64 arow = S1 ? q / p.topk : q;
+        const u8* codes = (const u8*)(S1 ? p.xq : p.aq);
+        const float* sc = (const float*)(S1 ? p.xs : p.as);
+        int ng = S1 ? p.ng1 : p.ng2;
         v = act_decode(codes[arow * K + k]) * sc[arow * ng + QGROUP(k)];
 #else
-        if (GATED)
+        if (S1)
           v = load_x(A[(i64)(q / p.topk) * p.x_cols + k]);
         else  // the intermediate is stored in the activation dtype
-          v = ACT_F16 ? mp_f16_to_f32(A[(i64)q * p.I + k]) : mp_bf16_to_f32(A[(i64)q * p.I + k]);
+          v = INTER_F16 ? mp_f16_to_f32(A[(i64)q * p.I + k]) : mp_bf16_to_f32(A[(i64)q * p.I + k]);
 #endif
       }
       As[kk][r] = v;
@@ -66,7 +66,8 @@ __device__ void moe_gemm(const Params& p) {
       int half = c / BN, col = n0 + c % BN;
       float v = 0.0f;
       if (col < Ncols && k < K) {
-        int row = GATED ? (half ? up_row(col, p.Ip) : gate_row(col, p.Ip)) : col;
+        int row = GATED ? (half ? up_row(col, p.Ip) : gate_row(col, p.Ip))
+                        : S1 ? up_row(col, p.Ip) : col;
         v = load_w(W, S, e, row, k, Nst, Kst);
       }
       Bs[half][kk][c % BN] = v;
@@ -93,7 +94,7 @@ __device__ void moe_gemm(const Params& p) {
     for (int j = 0; j < 4; ++j) {
       int col = n0 + 4 * tx + j;
       if (col >= Ncols) continue;
-      if (GATED) {
+      if (S1) {  // non-gated: the one accumulator is the up output
         store_gated(p, e, q, col, acc[0][i][j], acc[GATED ? 1 : 0][i][j], w);
       } else {
         store_down(p, e, q, col, acc[0][i][j], w);

@@ -86,8 +86,8 @@ __device__ __forceinline__ void sw_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3,
 #endif
 }
 
-// First weight row of row group g's two 16-row tiles (stage 1: t = 0 gate, t = 1 up rows of
-// 16 features; stage 2: 32 output rows).
+// First weight row of row group g's two 16-row tiles (gated stage 1: t = 0 gate, t = 1 up
+// rows of 16 features; stage 2 and a non-gated stage 1: 32 output rows).
 template <bool GATED>
 __device__ __forceinline__ int sw_tile_row0(const Params& p, int g, int t) {
   if (GATED) {
@@ -101,10 +101,12 @@ __device__ __forceinline__ int sw_tile_row0(const Params& p, int g, int t) {
   return g * 32 + 16 * t;
 }
 
-template <bool GATED>
+// Stage 1 (S1) or stage 2; GATED: stage 1 of a gated activation (gate and up tiles).
+template <bool S1>
 __device__ void moe_gemm_stream(const Params& p) {
+  constexpr bool GATED = S1 && GATED_ACT;
   // KW warps split K; RW = 8 / KW row groups (32 weight rows each) per block.
-  constexpr int KW = GATED ? SW_KW1 : SW_KW2, RW = SW_WARPS / KW;
+  constexpr int KW = S1 ? SW_KW1 : SW_KW2, RW = SW_WARPS / KW;
   __shared__ float red[RW][KW][2][16][SW_TLD];
   __shared__ int s_row[BM];
   int tile = blockIdx.x;
@@ -117,12 +119,12 @@ __device__ void moe_gemm_stream(const Params& p) {
   // Rows past the expert's tokens are padding (-1), all at the end of its last tile.
   int nsub = (__syncthreads_count(rowv >= 0) + 7) >> 3;
 
-  int K = GATED ? p.H : p.I;
-  int Kst = GATED ? p.Hp : p.Ip;
-  int Nst = GATED ? 2 * p.Ip : p.Hp;
+  int K = S1 ? p.H : p.I;
+  int Kst = S1 ? p.Hp : p.Ip;
+  int Nst = S1 ? (GATED ? 2 : 1) * p.Ip : p.Hp;
   i64 kbytes = (i64)Kst * 16 / SW_VALS;  // bytes per stored row
-  const u8* W = (const u8*)(GATED ? p.w13 : p.w2) + (i64)e * Nst * kbytes;
-  const u8* S = (const u8*)(GATED ? p.w13_scale : p.w2_scale);
+  const u8* W = (const u8*)(S1 ? p.w13 : p.w2) + (i64)e * Nst * kbytes;
+  const u8* S = (const u8*)(S1 ? p.w13_scale : p.w2_scale);
   int nchunks = K / SW_VALS, nsteps = (nchunks + 3) >> 2;
 
   // This lane's weight rows: tile t, half h = row gid + 8 h of the tile.
@@ -145,11 +147,11 @@ __device__ void moe_gemm_stream(const Params& p) {
     int q = s_row[8 * j + gid];
     xrow[j] = nullptr;
     if (q >= 0) {
-      i64 r = GATED ? q / p.topk : q;
+      i64 r = S1 ? q / p.topk : q;
 #if ACT_Q
-      xrow[j] = (const u8*)(GATED ? p.xq : p.aq) + r * K;
+      xrow[j] = (const u8*)(S1 ? p.xq : p.aq) + r * K;
 #else
-      xrow[j] = GATED ? (const u8*)p.x + r * p.x_cols * 2 : (const u8*)p.inter + r * p.I * 2;
+      xrow[j] = S1 ? (const u8*)p.x + r * p.x_cols * 2 : (const u8*)p.inter + r * p.I * 2;
 #endif
     }
   }
@@ -162,8 +164,8 @@ __device__ void moe_gemm_stream(const Params& p) {
       int q = s_row[8 * j + 2 * tig + c];
       ascale[j][c] = nullptr;
       if (q >= 0) {
-        i64 r = GATED ? q / p.topk : q;
-        ascale[j][c] = (const float*)(GATED ? p.xs : p.as) + r * (GATED ? p.ng1 : p.ng2);
+        i64 r = S1 ? q / p.topk : q;
+        ascale[j][c] = (const float*)(S1 ? p.xs : p.as) + r * (S1 ? p.ng1 : p.ng2);
       }
     }
 #endif
@@ -406,8 +408,8 @@ __device__ void moe_gemm_stream(const Params& p) {
     float wt = ((const float*)p.topk_weights)[q];
     float sa = 1.0f;  // activation scale that does not vary along K
 #if ACT_Q && ACT_Q != AD_FP8_BLOCK128
-    sa = ((const float*)(GATED ? p.xs : p.as))[(i64)(GATED ? q / p.topk : q) *
-                                                (GATED ? p.ng1 : p.ng2)];
+    sa = ((const float*)(S1 ? p.xs : p.as))[(i64)(S1 ? q / p.topk : q) *
+                                             (S1 ? p.ng1 : p.ng2)];
 #endif
     if (GATED) {
       int col = grp * 16 + r;
@@ -422,12 +424,15 @@ __device__ void moe_gemm_stream(const Params& p) {
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
         int col = grp * 32 + 16 * t + r;
-        if (col >= p.H) continue;
+        if (col >= (S1 ? p.I : p.H)) continue;
         float y = v[t] * sa;
 #if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
-        y *= w_scale(S, e, col, 0, Nst, Kst);
+        y *= w_scale(S, e, S1 ? up_row(col, p.Ip) : col, 0, Nst, Kst);
 #endif
-        store_down(p, e, q, col, y, wt);
+        if (S1)  // not gated: the up output
+          store_gated(p, e, q, col, 0.0f, y, wt);
+        else
+          store_down(p, e, q, col, y, wt);
       }
     }
   }

@@ -102,15 +102,21 @@ __device__ __forceinline__ u16 w_code(u32 c) {
 #endif
 }
 
-template <bool GATED>
+// Stored weight row R of block row r (stage 1 gated: 64 gate then 64 up rows of 64 columns;
+// else one row per column) and whether its column exists.
+template <bool S1>
 __device__ __forceinline__ void tile_row(const Params& p, int n0, int r, int& R, bool& ok) {
+  constexpr bool GATED = S1 && GATED_ACT;
   int col = GATED ? n0 + (r & 63) : n0 + r;
-  ok = col < (GATED ? p.I : p.H);
-  R = GATED ? (r < 64 ? gate_row(col, p.Ip) : up_row(col, p.Ip)) : col;
+  ok = col < (S1 ? p.I : p.H);
+  R = GATED ? (r < 64 ? gate_row(col, p.Ip) : up_row(col, p.Ip)) : S1 ? up_row(col, p.Ip) : col;
 }
 
-template <bool GATED>
+// Stage 1 (S1) or stage 2; GATED: a stage-1 block holds gate and up rows of 64 columns, else
+// (stage 2, and stage 1 without a gated activation) 128 weight rows of 128 columns.
+template <bool S1>
 __device__ void moe_gemm_tc(const Params& p) {
+  constexpr bool GATED = S1 && GATED_ACT;
   __shared__ __align__(16) u16 As[BM][TLD];
   __shared__ __align__(16) u16 Bs[TBR][TLD];
 #if SPLIT_A
@@ -128,16 +134,16 @@ __device__ void moe_gemm_tc(const Params& p) {
   int n0 = blockIdx.y * (GATED ? 64 : BN2);
   if (tid < BM) s_row[tid] = ((const int*)p.sorted_rows)[tile * BM + tid];
 
-  int K = GATED ? p.H : p.I;
-  int Kst = GATED ? p.Hp : p.Ip;
-  int Nst = GATED ? 2 * p.Ip : p.Hp;
-  const u8* W = (const u8*)(GATED ? p.w13 : p.w2);
-  const u8* S = (const u8*)(GATED ? p.w13_scale : p.w2_scale);
+  int K = S1 ? p.H : p.I;
+  int Kst = S1 ? p.Hp : p.Ip;
+  int Nst = S1 ? (GATED ? 2 : 1) * p.Ip : p.Hp;
+  const u8* W = (const u8*)(S1 ? p.w13 : p.w2);
+  const u8* S = (const u8*)(S1 ? p.w13_scale : p.w2_scale);
   __syncthreads();
 
   // This thread's A slot: row ar, 8 columns from ak; its pack slots; its scale slots.
   int ar = tid >> 3, ak = (tid & 7) * 8, aq = s_row[ar];
-  i64 arow = aq < 0 ? -1 : (GATED ? aq / p.topk : aq);
+  i64 arow = aq < 0 ? -1 : (S1 ? aq / p.topk : aq);
   int pr[NPT], pk[NPT], pR[NPT];
   bool pok[NPT];
 #pragma unroll
@@ -145,12 +151,12 @@ __device__ void moe_gemm_tc(const Params& p) {
     int idx = tid + j * THREADS, rest = idx >> 4;
     pk[j] = rest % NPK;
     pr[j] = (rest / NPK) * 16 + (idx & 15);
-    tile_row<GATED>(p, n0, pr[j], pR[j], pok[j]);
+    tile_row<S1>(p, n0, pr[j], pR[j], pok[j]);
   }
   int sr = tid >> 1, sg = tid & 1;  // weight-scale slot (TBR x 2 = THREADS)
   int sR;
   bool sok;
-  tile_row<GATED>(p, n0, sr, sR, sok);
+  tile_row<S1>(p, n0, sr, sR, sok);
 
   float acc[2][2][4];
 #pragma unroll
@@ -178,14 +184,14 @@ __device__ void moe_gemm_tc(const Params& p) {
       float v = 0.0f;
       if (arow >= 0 && k < K) {
 #if ACT_Q
-        const u8* codes = (const u8*)(GATED ? p.xq : p.aq);
+        const u8* codes = (const u8*)(S1 ? p.xq : p.aq);
         v = act_decode(codes[arow * K + k]);
 #else
-        if (GATED)
+        if (S1)
           v = load_x(((const u16*)p.x)[arow * p.x_cols + k]);
         else
-          v = ACT_F16 ? mp_f16_to_f32(((const u16*)p.inter)[arow * p.I + k])
-                      : mp_bf16_to_f32(((const u16*)p.inter)[arow * p.I + k]);
+          v = INTER_F16 ? mp_f16_to_f32(((const u16*)p.inter)[arow * p.I + k])
+                        : mp_bf16_to_f32(((const u16*)p.inter)[arow * p.I + k]);
 #endif
       }
 #if SPLIT_A
@@ -206,9 +212,9 @@ __device__ void moe_gemm_tc(const Params& p) {
       int r = tid >> 1, k = k0 + 32 * (tid & 1), q = s_row[r];
       asc = 0.0f;
       if (q >= 0 && k < K) {
-        i64 row = GATED ? q / p.topk : q;
-        const float* sc = (const float*)(GATED ? p.xs : p.as);
-        asc = sc[row * (GATED ? p.ng1 : p.ng2) + QGROUP(k)];
+        i64 row = S1 ? q / p.topk : q;
+        const float* sc = (const float*)(S1 ? p.xs : p.as);
+        asc = sc[row * (S1 ? p.ng1 : p.ng2) + QGROUP(k)];
       }
     }
 #endif
@@ -362,8 +368,8 @@ __device__ void moe_gemm_tc(const Params& p) {
       float w = ((const float*)p.topk_weights)[q];
       float sa = 1.0f;
 #if ACT_Q && !KSA
-      sa = ((const float*)(GATED ? p.xs : p.as))[(i64)(GATED ? q / p.topk : q) *
-                                                  (GATED ? p.ng1 : p.ng2)];
+      sa = ((const float*)(S1 ? p.xs : p.as))[(i64)(S1 ? q / p.topk : q) *
+                                               (S1 ? p.ng1 : p.ng2)];
 #endif
       if (GATED) {
         int col = n0 + warp * 8 + 2 * tig + (c & 1);
@@ -381,12 +387,15 @@ __device__ void moe_gemm_tc(const Params& p) {
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           int col = n0 + warp * 16 + nt * 8 + 2 * tig + (c & 1);
-          if (col >= p.H) continue;
+          if (col >= (S1 ? p.I : p.H)) continue;
           float v = acc[mt][nt][c] * sa;
 #if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
-          v *= w_scale(S, e, col, 0, Nst, Kst);
+          v *= w_scale(S, e, S1 ? up_row(col, p.Ip) : col, 0, Nst, Kst);
 #endif
-          store_down(p, e, q, col, v, w);
+          if (S1)  // not gated: the up output
+            store_gated(p, e, q, col, 0.0f, v, w);
+          else
+            store_down(p, e, q, col, v, w);
         }
       }
     }

@@ -258,9 +258,8 @@ fn workspace_grows_with_quantized_activations() {
     assert_eq!(launch::scale_groups(ActDtype::Fp8PerToken, 2880), 1);
 }
 
-/// The 1.1 options on CUDA: static scales and pre-quantized inputs pass the GPU check as on
-/// the CPU; a separate stage-2 act dtype and the activation NONE are refused with
-/// UNSUPPORTED naming them (the kernels do not implement them), and caps do not claim them.
+/// The 1.1 options on CUDA: static scales, pre-quantized inputs, a separate stage-2 act dtype
+/// and the activation NONE pass the GPU check as on the CPU, and caps claim them.
 #[test]
 fn launch_options_of_abi_1_1_on_cuda() {
     use moeplug::types::{feature, Activation};
@@ -287,28 +286,110 @@ fn launch_options_of_abi_1_1_on_cuda() {
     let mut s2 = fp8_u8(&mut mem);
     s2.config.stage2_act_dtype = ActDtype::Bf16;
     assert_eq!(cpu_answer(&s2), Ok(()));
-    assert_eq!(
-        gpu_answer(&s2),
-        Err((
-            Status::Unsupported,
-            "feature stage2_act_dtype (a stage-2 act dtype other than act_dtype) is not \
-             supported by the cuda backend"
-                .into()
-        ))
-    );
-    let mut none = fp8_u8(&mut mem);
-    none.config.activation = Activation::NoActivation;
-    assert_eq!(
-        gpu_answer(&none),
-        Err((
-            Status::Unsupported,
-            "activation none is not supported by the cuda backend (sm_90)".into()
-        ))
-    );
+    assert_eq!(gpu_answer(&s2), Ok(()));
+    let none = non_gated(&mut mem);
+    assert_eq!(cpu_answer(&none), Ok(()));
+    assert_eq!(gpu_answer(&none), Ok(()));
     let caps = gpu_caps("sm_90", "test");
-    assert_eq!(caps.activations & Activation::NoActivation.bit(), 0);
+    assert_ne!(caps.activations & Activation::NoActivation.bit(), 0);
     assert_ne!(caps.activations & Activation::GeluTanh.bit(), 0);
-    assert_eq!(caps.features & feature::STAGE2_ACT_DTYPE, 0);
+    assert_ne!(caps.features & feature::STAGE2_ACT_DTYPE, 0);
     assert_ne!(caps.features & feature::PREQUANTIZED_INPUT, 0);
     assert_ne!(caps.features & feature::STATIC_ACT_SCALE, 0);
+}
+
+/// `fp8_u8` with the activation NONE: w13 holds the Ip = 64 up rows only.
+fn non_gated(mem: &mut Mem) -> MoeLaunch {
+    let mut l = fp8_u8(mem);
+    l.config.activation = Activation::NoActivation;
+    l.w13 = mem.t("w13", ElemType::U8, &[E, 64, 64]);
+    l.w13_scale = Some(mem.t("w13_scale", ElemType::F32, &[E, 64]));
+    l
+}
+
+/// `l` with `m` tokens (zeros), so that the heuristics see m * K pairs.
+fn with_tokens(mem: &mut Mem, l: &MoeLaunch, m: usize) -> MoeLaunch {
+    let mut l = l.clone();
+    l.hidden_states = mem.t("hidden_states", ElemType::Bf16, &[m, 64]);
+    l.topk_weights = mem.t("topk_weights", ElemType::F32, &[m, K]);
+    l.topk_ids = mem.t("topk_ids", ElemType::I32, &[m, K]);
+    l.output = mem.t("output", ElemType::Bf16, &[m, 64]);
+    l
+}
+
+/// A separate stage-2 act dtype runs stage 2 from the module of that dtype, with the workspace
+/// of each stage's own dtype, and the stage-1 epilogue stores the intermediate as stage 2
+/// reads it; NONE maps stage 1 as stage 2. Families that do not implement them (wgmma) are
+/// passed over for one that does, on every token count.
+#[test]
+fn separate_stage2_and_none_plans() {
+    use moeplug::backend::gpu::spec::Family;
+    let mut mem = Mem::default();
+    let caps = gpu_caps("sm_90", "test");
+    let fp8 = fp8_u8(&mut mem);
+    let mut s2 = fp8.clone();
+    s2.config.stage2_act_dtype = ActDtype::Bf16;
+    let plan = |l: &MoeLaunch| launch::validate(&caps, &on_cuda(l)).unwrap();
+    let (p8, p2) = (plan(&fp8), plan(&s2));
+    assert_eq!(p8.spec2, p8.spec);
+    assert_eq!(
+        (p2.spec.act_dtype, p2.spec2.act_dtype),
+        (ActDtype::Fp8PerToken, ActDtype::Bf16)
+    );
+    assert_eq!(p2.spec2.stage2(), p2.spec2);
+    // The stage-1 module stores the intermediate in bf16 (stage 2's dtype) ...
+    assert!(p2.spec.defines().contains(&"INTER_F16=0".to_string()));
+    // ... and the stage-2 codes [M*K, I] and scales are not needed: two 256-byte regions.
+    assert_eq!(p8.workspace_bytes - p2.workspace_bytes, 2 * 256);
+    let mut fp16_out = s2.clone();
+    fp16_out.config.stage2_act_dtype = ActDtype::Fp16;
+    fp16_out.output = mem.t("output", ElemType::F16, &[M, 64]);
+    let f = plan(&fp16_out);
+    assert!(f.spec.defines().contains(&"INTER_F16=1".to_string()));
+    // Stage 2 quantized: the intermediate in the output dtype.
+    let mut q2 = fp16_out.clone();
+    q2.config.stage2_act_dtype = ActDtype::Fp8PerToken;
+    q2.config.act_dtype = ActDtype::Bf16;
+    let q = plan(&q2);
+    assert!(q.spec.defines().contains(&"INTER_F16=1".to_string()));
+    assert_eq!(q.spec.stage2().act_dtype, ActDtype::Fp8PerToken);
+
+    let none = non_gated(&mut mem);
+    for m in [1, 16, 4096] {
+        let single = plan(&with_tokens(&mut mem, &fp8, m));
+        for l in [&s2, &none] {
+            let p = plan(&with_tokens(&mut mem, l, m));
+            assert_ne!(p.spec.family, Family::Wgmma, "m={m}");
+            if single.spec.family != Family::Wgmma {
+                assert_eq!(p.spec.family, single.spec.family, "m={m}");
+            }
+        }
+        if m == 4096 {
+            assert_eq!(single.spec.family, Family::Wgmma);
+        }
+    }
+    // The stream family (AITER layout, few tokens) takes a second act dtype only where it
+    // covers both stages: fp8 activations in both.
+    let mut aiter = fp8.clone();
+    aiter.config.layout = Layout::new(4, 1, 2, 0, E as i64, [64, 32, 64, 64], 0).unwrap();
+    let family_of = |l: &MoeLaunch, a2| {
+        let mut l = l.clone();
+        l.config.stage2_act_dtype = a2;
+        plan(&l).spec.family
+    };
+    assert_eq!(family_of(&aiter, ActDtype::Fp8PerToken), Family::Stream);
+    assert_eq!(family_of(&aiter, ActDtype::Fp8PerTensor), Family::Stream);
+    assert_eq!(family_of(&aiter, ActDtype::Bf16), Family::Tile32);
+    let mut aiter_none = non_gated(&mut mem);
+    aiter_none.config.layout = aiter.config.layout;
+    assert_eq!(plan(&aiter_none).spec.family, Family::Stream);
+    let stream = plan(&aiter_none).spec;
+    let kw1 = stream.split_k[0] as usize;
+    assert_eq!(stream.block_columns().0, 32 * (8 / kw1));
+
+    // NONE: a stage-1 block of tile32 covers 128 columns (one weight row each), as stage 2.
+    let t = plan(&with_tokens(&mut mem, &none, 4096));
+    assert_eq!(t.spec.family, Family::Tile32);
+    assert_eq!(t.spec.block_columns(), (128, 128));
+    assert!(t.spec.defines().contains(&"ACT=5".to_string()));
 }

@@ -3,7 +3,8 @@
 //! stack frame. Needs libnvrtc on the loader path (`.ci/run` installs it from PyPI); without
 //! it the test says so and passes, unless MOEPLUG_REQUIRE_NVRTC=1 (CI) makes it fail.
 //! `MOEPLUG_COMPILE_CHECK_ARCHS=sm_90` narrows the archs, `MOEPLUG_COMPILE_CHECK_LIMIT=N`
-//! compiles only every N-th configuration and `MOEPLUG_COMPILE_CHECK_FAMILY=stream` one family
+//! compiles only every N-th configuration, `MOEPLUG_COMPILE_CHECK_FAMILY=stream` one family and
+//! `MOEPLUG_COMPILE_CHECK_DEFINE="ACT=5 ACT_Q=0"` only configurations with all of those `-D`
 //! (a quick local look).
 
 use moeplug::backend::gpu::{cache, compile_check, driver};
@@ -32,9 +33,16 @@ fn every_selectable_kernel_compiles_without_spills() {
     for arch in archs.split(',') {
         let sm: u32 = arch.trim_start_matches("sm_").parse().expect("arch sm_XY");
         let family = std::env::var("MOEPLUG_COMPILE_CHECK_FAMILY").ok();
+        let define = std::env::var("MOEPLUG_COMPILE_CHECK_DEFINE").ok();
         let specs: Vec<_> = compile_check::selectable_specs(sm)
             .into_iter()
             .filter(|s| family.as_deref().is_none_or(|f| s.family.name() == f))
+            .filter(|s| {
+                let d = s.defines();
+                define
+                    .as_ref()
+                    .is_none_or(|want| want.split_whitespace().all(|w| d.iter().any(|x| x == w)))
+            })
             .step_by(every.max(1))
             .collect();
         let results = std::sync::Mutex::new(Vec::new());

@@ -7,6 +7,15 @@ mod common;
 use common::*;
 use moeplug::capi::types::*;
 use moeplug::capi::{moeplug_check_fused_moe, moeplug_get_caps, moeplug_last_error};
+
+extern "C" {
+    fn moeplug_resolve_config(
+        device_type: i32,
+        device_id: i32,
+        args: *const moeplug_fused_moe_args,
+        out: *mut moeplug_resolved_config,
+    ) -> moeplug_status;
+}
 use moeplug::moe::actquant::{quantize_row, Fp8Kind};
 use moeplug::types::ActDtype;
 
@@ -111,9 +120,16 @@ fn caps_report_the_new_values_and_features() {
 }
 
 /// `moeplug_check_fused_moe` answers for the options without tensors (NULL pointers stand
-/// for nothing but presence here).
+/// for nothing but presence here), the same on the CPU and on CUDA (whose answer without a GPU
+/// comes from the CUDA backend's rules: every option, NONE and a stage-2 act dtype included).
 #[test]
 fn check_fused_moe_reports_what_passes() {
+    for device in [1, 2] {
+        check_fused_moe_on(device);
+    }
+}
+
+fn check_fused_moe_on(device: i32) {
     let l = fp8_launch(1);
     let blank = moeplug_tensor::host(std::ptr::null_mut(), &[], 2, 32);
     let check = |act: i32, act2: i32, scales: [bool; 2], hidden_scale: bool, activation: i32| {
@@ -132,10 +148,24 @@ fn check_fused_moe_reports_what_passes() {
         if hidden_scale {
             a.hidden_scale = &blank;
         }
-        let st = unsafe { moeplug_check_fused_moe(1, 0, &a) } as i32;
+        // CUDA without a GPU: the resolver answers from the CUDA backend's rules.
+        let mut r: moeplug_resolved_config = unsafe { std::mem::zeroed() };
+        r.struct_size = std::mem::size_of_val(&r) as u32;
+        let st = unsafe {
+            if device == 1 {
+                moeplug_check_fused_moe(device, 0, &a)
+            } else {
+                moeplug_resolve_config(device, 0, &a, &mut r)
+            }
+        } as i32;
         let msg = unsafe { std::ffi::CStr::from_ptr(moeplug_last_error()) }
             .to_string_lossy()
-            .into_owned();
+            .replacen("moeplug_resolve_config: ", "moeplug_check_fused_moe: ", 1);
+        if st == 0 && device != 1 {
+            let want2 = if act2 == 0 { act } else { act2 };
+            assert_eq!((r.act_dtype, r.act_dtype_stage2), (act, want2));
+            assert_eq!((r.backend, r.activation), (device, activation));
+        }
         (st, if st == 0 { String::new() } else { msg })
     };
     let ok = (0, String::new());
@@ -144,6 +174,8 @@ fn check_fused_moe_reports_what_passes() {
     assert_eq!(check(tok, ten, [false, true], false, 1), ok);
     assert_eq!(check(tok, 1, [false, false], true, 4), ok);
     assert_eq!(check(tok, 0, [false, false], false, 5), ok);
+    assert_eq!(check(1, tok, [false, false], false, 5), ok);
+    assert_eq!(check(tok, 2, [false, false], false, 3), ok);
     assert_eq!(
         check(tok, 0, [true, false], false, 1),
         (

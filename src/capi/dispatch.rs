@@ -46,7 +46,7 @@ pub unsafe extern "C" fn moeplug_resolve_config(
             struct_size: 0, // set by write_struct
             backend: backend as i32,
             act_dtype: c.act_dtype as i32,
-            act_dtype_stage2: c.act_dtype as i32,
+            act_dtype_stage2: c.stage2_act_dtype as i32,
             activation: c.activation as i32,
             alpha: c.alpha,
             limit: c.limit.unwrap_or(0.0),

@@ -169,6 +169,8 @@ def make_moe(fmt, wlayout, slayout, gate_mode, E, H, I, Hp, Ip, bias, device, se
 
 
 def activation(g, u, act, alpha, limit):
+    if act == "none":  # not gated (ABI 1.1): the up output itself, no limit
+        return u
     if act == "swiglu_oai":
         L = 7.0 if limit == 0 else limit
         a = 1.702 if alpha == 0 else alpha
@@ -186,11 +188,12 @@ def activation(g, u, act, alpha, limit):
 
 
 def reference(x, topk_w, topk_ids, m, *, act="silu", alpha=0.0, limit=0.0, rwoi=False,
-              expert_mask=None, n_local=None, act_dtype=torch.bfloat16):
-    """float64 fused MoE; the stage-1 output is rounded to the activation dtype before
-    stage 2 (as the CPU reference and AITER's torch reference do)."""
+              expert_mask=None, n_local=None, act_dtype=torch.bfloat16, act2_dtype=None):
+    """float64 fused MoE; the stage-1 output is rounded to the activation dtype (`act2_dtype`
+    if given) before stage 2 (as the CPU reference and AITER's torch reference do). A layer
+    without "gate" (activation "none") has only the up projection."""
     M, k = topk_ids.shape
-    E, I, H = m["gate"].shape
+    E, I, H = m["up"].shape
     n_local = M if n_local is None else max(0, min(int(n_local), M))
     ids = topk_ids.long()
     if expert_mask is not None:
@@ -207,14 +210,15 @@ def reference(x, topk_w, topk_ids, m, *, act="silu", alpha=0.0, limit=0.0, rwoi=
     for e in torch.unique(lid[lid >= 0]).tolist():
         t, s = (lid == e).nonzero(as_tuple=True)
         w = topk_w[t, s].double().unsqueeze(1)
-        hg = xr[t] @ m["gate"][e].double().T
         hu = xr[t] @ m["up"][e].double().T
+        hg = xr[t] @ m["gate"][e].double().T if "gate" in m else torch.zeros_like(hu)
         if rwoi:
             hg, hu = hg * w, hu * w
         if "b_gate" in m:
             hg = hg + m["b_gate"][e].double()
+        if "b_up" in m:
             hu = hu + m["b_up"][e].double()
-        a = activation(hg, hu, act, alpha, limit).to(act_dtype).double()
+        a = activation(hg, hu, act, alpha, limit).to(act2_dtype or act_dtype).double()
         y = a @ m["down"][e].double().T
         if "b_down" in m:
             y = y + m["b_down"][e].double()

@@ -37,7 +37,8 @@ def resolved_act(fmt, act_dtype, in_dtype):
 def run_moe(fmt, *, wlayout="aiter_16x16", slayout=None, gate="separated", act="silu", E=8,
             k=2, H=192, I=128, Hp=None, Ip=None, M=7, bias=False, rwoi=False, mask=None,
             n_local=None, alpha=0.0, limit=0.0, in_dtype=torch.bfloat16, out_dtype=None,
-            act_dtype="default", seed=0, out_cols=None, ids=None, m=None):
+            act_dtype="default", seed=0, out_cols=None, ids=None, m=None,
+            stage2_act_dtype="default"):
     dev = "cuda"
     Hp, Ip = Hp or H, Ip or I
     if slayout is None:
@@ -64,7 +65,8 @@ def run_moe(fmt, *, wlayout="aiter_16x16", slayout=None, gate="separated", act="
                    topk_weights=topk_w, topk_ids=ids, expert_mask=mask, num_local_tokens=nl,
                    output=out)
     kw = dict(activation=act, alpha=alpha, limit=limit, act_dtype=act_dtype,
-              router_weight_on_input=rwoi, stream=torch.cuda.current_stream().cuda_stream)
+              router_weight_on_input=rwoi, stream=torch.cuda.current_stream().cuda_stream,
+              stage2_act_dtype=stage2_act_dtype)
     args = _abi.make_args(layout, tensors, **kw)
     ws = torch.empty(_abi.workspace_size(args), dtype=torch.uint8, device=dev)
     ws.fill_(0xFF)  # stale workspace bytes (NaN-ish floats) must not leak into the result
@@ -74,8 +76,10 @@ def run_moe(fmt, *, wlayout="aiter_16x16", slayout=None, gate="separated", act="
     torch.cuda.synchronize()
     adt_name = resolved_act(fmt, act_dtype, in_dtype)
     adt = torch.float16 if adt_name == "fp16" else torch.bfloat16
+    # A 16-bit stage-2 act dtype of its own rounds the intermediate to it.
+    adt2 = dict(bf16=torch.bfloat16, fp16=torch.float16).get(stage2_act_dtype)
     ref = reference(x, topk_w, ids, m, act=act, alpha=alpha, limit=limit, rwoi=rwoi,
-                    expert_mask=mask, n_local=n_local, act_dtype=adt)
+                    expert_mask=mask, n_local=n_local, act_dtype=adt, act2_dtype=adt2)
     return out, ref, dict(m=m, args=args, tensors=tensors, layout=layout, kw=kw, act=adt_name,
                           fmt=fmt)
 
@@ -383,18 +387,18 @@ def test_caps():
     assert c.act_dtypes == _abi.bit_mask(_abi.ACT_DTYPE)
     assert c.scale_layouts == _abi.bit_mask(_abi.SCALE_LAYOUT)
     assert c.gate_modes == _abi.bit_mask(_abi.GATE_MODE)
-    # Every activation but NONE (ABI 1.1: not on the GPU kernels).
-    assert c.activations == _abi.bit_mask(_abi.ACTIVATION) & ~(1 << _abi.ACTIVATION["none"])
+    # Every activation, NONE included (ABI 1.1, test_launch_fields.py).
+    assert c.activations == _abi.bit_mask(_abi.ACTIVATION)
     assert c.weight_layouts == _abi.bit_mask(_abi.WEIGHT_LAYOUT)
     # BIAS, EXPERT_MASK, NUM_LOCAL_TOKENS, RWOI, GRAPH_CAPTURE, DEVICE_PREP, DETERMINISTIC,
-    # PREQUANTIZED_INPUT, STATIC_ACT_SCALE (not STAGE2_ACT_DTYPE)
-    assert c.features == 0b1_1111_1111
+    # PREQUANTIZED_INPUT, STATIC_ACT_SCALE, STAGE2_ACT_DTYPE
+    assert c.features == 0b11_1111_1111
     cpu = _abi.get_caps(1, 0)
-    for f in ["weight_formats", "act_dtypes", "gate_modes", "weight_layouts", "scale_layouts"]:
+    for f in ["weight_formats", "act_dtypes", "gate_modes", "weight_layouts", "scale_layouts",
+              "activations"]:
         assert getattr(c, f) == getattr(cpu, f), f
-    assert c.activations == cpu.activations & ~(1 << _abi.ACTIVATION["none"])
-    # CPU: DETERMINISTIC and the launch options, no GPU bits; CUDA: no STAGE2_ACT_DTYPE
-    assert c.features == (cpu.features | (1 << 4) | (1 << 5)) & ~(1 << 9)
+    # CPU: DETERMINISTIC and the launch options, no GPU bits
+    assert c.features == cpu.features | (1 << 4) | (1 << 5)
 
 
 @pytest.mark.parametrize("fmt,act_dtype", [("mxfp4", "bf16"), ("fp8_per_tensor", "fp8_per_tensor"),

@@ -54,6 +54,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 gate_mode: gm,
                                 activation: ROTATED[chosen % ROTATED.len()],
                                 act_dtype: act,
+                                stage2_act_dtype: act,
                                 in_f16,
                                 out_f16: bit(3),
                                 has_bias: bit(0),
@@ -96,8 +97,22 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                         activation: Activation::GeluTanh,
                                         ..spec.clone()
                                     });
+                                // NONE (a non-gated stage 1, SEPARATED records only) on every
+                                // other configuration where SILU meets SEPARATED (on every
+                                // SEPARATED one of the stream family's few), and a separate
+                                // stage-2 act dtype on every fourth (it changes one cast of the
+                                // stage-1 epilogue): a third more compiles in all.
+                                let none = (gm == GateMode::Separated
+                                    && (family == Family::Stream
+                                        || spec.activation == Activation::Silu && chosen % 2 == 0))
+                                    .then(|| KernelSpec {
+                                        activation: Activation::NoActivation,
+                                        ..spec.clone()
+                                    });
+                                let stage2 = stage2_variant(&spec, n).filter(|_| chosen % 4 == 0);
                                 out.push(spec);
                                 out.extend(tanh);
+                                out.extend(none.into_iter().chain(stage2).filter(&keep));
                                 chosen += 1;
                             }
                         }
@@ -107,6 +122,24 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
         }
     }
     out
+}
+
+/// The stage-1 module of a launch whose stage-2 act dtype differs from `spec`'s, where that
+/// compiles other code than `spec` (the intermediate stored in the other 16-bit type: the
+/// stage-2 module is a configuration of one act dtype, enumerated as such), or None. `n`
+/// rotates the choice among the weight format's act dtypes that do so.
+fn stage2_variant(spec: &KernelSpec, n: usize) -> Option<KernelSpec> {
+    let others: Vec<KernelSpec> = spec
+        .weight_format
+        .allowed_act_dtypes()
+        .iter()
+        .map(|&a| KernelSpec {
+            stage2_act_dtype: a,
+            ..spec.clone()
+        })
+        .filter(|v| v.separate_stage2() && v.inter_f16() != spec.inter_f16())
+        .collect();
+    (!others.is_empty()).then(|| others[n % others.len()].clone())
 }
 
 /// Registers, spill bytes and shared memory per kernel from a `--ptxas-options=-v` log.

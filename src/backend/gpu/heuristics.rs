@@ -91,13 +91,43 @@ pub fn hip_families(arch: &str) -> Vec<Family> {
     }
 }
 
-/// The family for a launch on the HIP arch `arch`: MFMA where it runs, else fp32; the
-/// diagnostic preference may only ask for fp32.
-fn choose_hip(arch: &str) -> Family {
-    if *PREFERENCE == Some(Family::Fp32) || !mfma_arch(arch) {
+/// The family for a launch on the HIP arch `arch`: MFMA where it runs and covers the launch,
+/// else fp32; the diagnostic preference may only ask for fp32.
+fn choose_hip(arch: &str, launch: &MoeLaunch) -> Family {
+    let covered = mfma_spec_unsupported(&KernelSpec::for_launch(launch, Family::Mfma)).is_none();
+    if *PREFERENCE == Some(Family::Fp32) || !mfma_arch(arch) || !covered {
         Family::Fp32
     } else {
         Family::Mfma
+    }
+}
+
+/// Why the MFMA family cannot be compiled for this configuration, or None: int4 weights
+/// (only the fp32 family decodes them) and the launch options it does not implement.
+pub fn mfma_spec_unsupported(spec: &KernelSpec) -> Option<&'static str> {
+    if spec.weight_format == WeightFormat::Int4Group32 {
+        return Some("int4 weights are decoded by the fp32 family only");
+    }
+    options_unsupported(spec)
+}
+
+/// Why a family cannot run the 1.1 launch options of this configuration, or None: the
+/// activation NONE (a non-gated w13: stage 1 mapped as stage 2 is one weight row per output
+/// column) and a separate stage-2 act dtype (stage 2 from a second module, whose intermediate
+/// both modules read alike: INTER_F16). fp32, tile32 and stream implement both (and are
+/// checked on a GPU by tests/gpu/test_launch_fields.py); wgmma and mfma do not yet.
+pub fn options_unsupported(spec: &KernelSpec) -> Option<&'static str> {
+    match spec.family {
+        Family::Fp32 | Family::Tile32 | Family::Stream => None,
+        Family::Wgmma | Family::Mfma => {
+            if !spec.activation.is_gated() {
+                Some("activation NONE (a non-gated w13) not covered")
+            } else if spec.separate_stage2() {
+                Some("a stage-2 act dtype other than act_dtype not covered")
+            } else {
+                None
+            }
+        }
     }
 }
 
@@ -116,6 +146,12 @@ pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
     use WeightFormat as W;
     if sm < 80 {
         return Some("needs sm_80 (mma.sync)");
+    }
+    // Stage 2 of a separate stage-2 act dtype is a module of its own: both must be covered.
+    if spec.separate_stage2() {
+        if let Some(why) = stream_spec_unsupported(sm, &spec.stage2()) {
+            return Some(why);
+        }
     }
     if spec.weight_layout != WeightLayout::Aiter16x16 {
         return Some("reads the AITER 16x16 weight layout only");
@@ -175,6 +211,9 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
     use WeightFormat as W;
     if sm != 90 {
         return Some("needs sm_90a (wgmma)");
+    }
+    if let Some(why) = options_unsupported(spec) {
+        return Some(why);
     }
     if !matches!(spec.gate_mode, GateMode::Separated | GateMode::Interleave) {
         return Some("gate modes SEPARATED and INTERLEAVE only");
@@ -395,7 +434,7 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
         return Family::Fp32; // the only family that decodes int4, on every vendor
     }
     let Some(sm) = sm_version(arch) else {
-        return choose_hip(arch);
+        return choose_hip(arch, launch);
     };
     if sm < 80 {
         return Family::Fp32;

@@ -12,7 +12,7 @@
 
 use super::cache::{fused_moe_source, KERNEL_HEADERS, PREP_SOURCE};
 use super::compile_check::specs_where;
-use super::heuristics::mfma_arch;
+use super::heuristics::{mfma_arch, mfma_spec_unsupported};
 use super::spec::{Family, KernelSpec};
 use crate::types::{ActDtype, WeightFormat};
 
@@ -35,7 +35,7 @@ pub fn hip_exclusion(family: Family) -> Option<&'static str> {
 pub fn hip_specs() -> Vec<KernelSpec> {
     specs_where(|s| {
         hip_exclusion(s.family).is_none()
-            && (s.family == Family::Fp32 || s.weight_format != WeightFormat::Int4Group32)
+            && (s.family == Family::Fp32 || mfma_spec_unsupported(s).is_none())
     })
 }
 
@@ -171,7 +171,7 @@ mod tests {
                 alpha: s.activation.resolve_alpha(0.0),
                 limit: s.activation.resolve_limit(0.0),
                 act_dtype: s.act_dtype,
-                stage2_act_dtype: s.act_dtype,
+                stage2_act_dtype: s.stage2_act_dtype,
                 prequantized_input: false,
                 static_act_scale: [false; 2],
                 router_weight_on_input: s.router_weight_on_input,
@@ -250,9 +250,21 @@ mod tests {
             assert_eq!(seen(&|s| format!("{:?}", s.act_dtype)), ActDtype::ALL.len());
             assert_eq!(seen(&|s| format!("{:?}", s.scale_layout)), 4 + int4); // none, 3 MX, aiter_int4
             assert_eq!(seen(&|s| format!("{:?}", s.gate_mode)), 3);
-            assert_eq!(
-                seen(&|s| format!("{:?}", s.activation)),
+            // MFMA: every gated activation (NONE runs on fp32, heuristics::options_unsupported)
+            let gated = super::super::GPU_ACTIVATIONS
+                .iter()
+                .filter(|a| a.is_gated())
+                .count();
+            let activations = if family == Family::Fp32 {
                 super::super::GPU_ACTIVATIONS.len()
+            } else {
+                gated
+            };
+            assert_eq!(seen(&|s| format!("{:?}", s.activation)), activations);
+            // A separate stage-2 act dtype: fp32 only.
+            assert_eq!(
+                specs.iter().any(|s| s.separate_stage2()),
+                family == Family::Fp32
             );
             assert_eq!(seen(&|s| format!("{:?}", s.weight_layout)), 2);
             for b in [

@@ -79,8 +79,11 @@ const REGIONS: usize = 10;
 /// Sizes of one launch and where each workspace region starts.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The kernels that run the launch (the family's tile height sizes the sort).
+    /// The kernels that run the launch up to stage 1 (the family's tile height sizes the sort).
     pub spec: KernelSpec,
+    /// The kernels of stage 2 and the reduction: `spec` itself unless the stage-2 act dtype
+    /// differs ([`KernelSpec::stage2`]).
+    pub spec2: KernelSpec,
     pub m: usize,
     pub topk: usize,
     pub e_global: usize,
@@ -196,9 +199,9 @@ pub fn plan(launch: &MoeLaunch, shape: &LaunchShape, spec: KernelSpec) -> Result
             )
         })
         .fold((0, 0), |(t, r), (ft, fr)| (t.max(ft), r.max(fr)));
-    let quantized = c.act_dtype.is_quantized();
-    let groups = [scale_groups(c.act_dtype, h), scale_groups(c.act_dtype, i)];
-    let q = |n: usize| if quantized { n } else { 0 };
+    let acts = [c.act_dtype, c.stage2_act_dtype];
+    let groups = [scale_groups(acts[0], h), scale_groups(acts[1], i)];
+    let q = |stage: usize, n: usize| if acts[stage].is_quantized() { n } else { 0 };
     let sizes: [usize; REGIONS] = [
         16,
         most_tiles * 4,
@@ -206,10 +209,10 @@ pub fn plan(launch: &MoeLaunch, shape: &LaunchShape, spec: KernelSpec) -> Result
         pairs * 4,
         pairs * i * 2,
         pairs * h * 4,
-        q(m * h),
-        q(m * groups[0] * 4),
-        q(pairs * i),
-        q(pairs * groups[1] * 4),
+        q(0, m * h),
+        q(0, m * groups[0] * 4),
+        q(1, pairs * i),
+        q(1, pairs * groups[1] * 4),
     ];
     let mut offsets = [0usize; REGIONS];
     let mut at = 0usize;
@@ -228,6 +231,7 @@ pub fn plan(launch: &MoeLaunch, shape: &LaunchShape, spec: KernelSpec) -> Result
         0
     };
     Ok(Plan {
+        spec2: spec.stage2(),
         spec,
         m,
         topk,

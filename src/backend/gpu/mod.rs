@@ -462,8 +462,9 @@ pub fn gpu_caps(arch: &str, runtime_version: &str) -> Caps {
 }
 
 /// What the kernels can run: the CPU backend's masks (every format, activation dtype, gate
-/// mode, layout and feature) plus graph capture and device prep, less a separate stage-2
-/// act dtype and the activation NONE, with the vendor's backend kind.
+/// mode, activation, layout and feature) plus graph capture and device prep, with the
+/// vendor's backend kind. A separate stage-2 act dtype and the activation NONE run on the
+/// families that cover them (heuristics: fp32, tile32, stream), so every launch has one.
 pub fn vendor_caps(vendor: Vendor, arch: &str, runtime_version: &str) -> Caps {
     let mut caps = Caps::full_fused_moe(
         vendor.backend_kind(),
@@ -477,20 +478,13 @@ pub fn vendor_caps(vendor: Vendor, arch: &str, runtime_version: &str) -> Caps {
     if vendor == Vendor::Cuda {
         caps.features |= feature::DETERMINISTIC;
     }
-    // The kernels compile ACT_Q once for both stages, and their GEMMs read a gated w13.
-    caps.features &= !feature::STAGE2_ACT_DTYPE;
     caps.activations = Activation::mask_of(GPU_ACTIVATIONS);
     caps
 }
 
-/// The activations the GPU kernels implement: all but NONE (a non-gated w13 changes the
-/// stage-1 GEMM's row mapping, not only its epilogue).
-pub const GPU_ACTIVATIONS: &[Activation] = &[
-    Activation::Silu,
-    Activation::Gelu,
-    Activation::SwigluOai,
-    Activation::GeluTanh,
-];
+/// The activations the GPU kernels implement: all of them (NONE on the families that map a
+/// non-gated stage 1, heuristics::family_unsupported).
+pub const GPU_ACTIVATIONS: &[Activation] = Activation::ALL;
 
 impl Backend for GpuBackend {
     fn kind(&self) -> BackendKind {
@@ -552,10 +546,16 @@ impl GpuBackend {
         let _ctx = self.enter()?;
         // Every tensor the kernels may touch is memory of this device (one query each).
         pointer::check_tensors(self.api, self.device_id, l.tensors())?;
-        let mut spec = plan.spec.clone();
         // A driver without the TMA encoder runs the same family with per-thread copies.
-        spec.wgmma_tma &= self.api.cuTensorMapEncodeTiled.is_some();
+        let has_tma = self.api.cuTensorMapEncodeTiled.is_some();
+        let (mut spec, mut spec2) = (plan.spec.clone(), plan.spec2.clone());
+        spec.wgmma_tma &= has_tma;
+        spec2.wgmma_tma &= has_tma;
+        spec.wgmma_ws &= spec.wgmma_tma;
+        spec2.wgmma_ws &= spec2.wgmma_tma;
         let k = self.kernels(&spec)?;
+        // Stage 2 from the module of its own act dtype (the same module when it is the same).
+        let k2 = self.kernels(&spec2)?;
         let p = launch::params(l, plan, ws);
         let maps = if spec.wgmma_tma {
             let [w13, w2] = launch::tma_weights(l, &spec);
@@ -570,7 +570,7 @@ impl GpuBackend {
         let tiles = plan.max_tiles as u32;
         let (n1, n2) = spec.block_columns();
         let c = &l.config.layout;
-        let act = l.config.act_dtype;
+        let (act, act2) = (l.config.act_dtype, l.config.stage2_act_dtype);
         let rows = |n: usize| (n as u32, 1);
         let pairs = plan.m * plan.topk;
         let gemm = |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, None, what);
@@ -613,20 +613,20 @@ impl GpuBackend {
             maps.as_ref().map(|m| &m[0]),
             "moe_stage1",
         )?;
-        if act == ActDtype::Fp8PerTensor && !static2 {
-            gemm(k.amax2, rows(pairs), "moe_amax2")?;
+        if act2 == ActDtype::Fp8PerTensor && !static2 {
+            gemm(k2.amax2, rows(pairs), "moe_amax2")?;
         }
-        if act.is_quantized() {
-            gemm(k.quant2, rows(pairs), "moe_quant2")?;
+        if act2.is_quantized() {
+            gemm(k2.quant2, rows(pairs), "moe_quant2")?;
         }
         stage(
-            k.stage2,
+            k2.stage2,
             (tiles, c.hidden_size.div_ceil(n2) as u32),
             maps.as_ref().map(|m| &m[1]),
             "moe_stage2",
         )?;
         gemm(
-            k.reduce,
+            k2.reduce,
             (
                 plan.m as u32,
                 (plan.out_cols as u32).div_ceil(launch::THREADS),
@@ -728,6 +728,7 @@ fn default_spec() -> spec::KernelSpec {
         gate_mode: GateMode::Separated,
         activation: Activation::Silu,
         act_dtype: ActDtype::Bf16,
+        stage2_act_dtype: ActDtype::Bf16,
         in_f16: false,
         out_f16: false,
         has_bias: false,

@@ -107,7 +107,12 @@ pub struct KernelSpec {
     pub scale_layout: Option<ScaleLayout>,
     pub gate_mode: GateMode,
     pub activation: Activation,
+    /// The act dtype of the stages this configuration's kernels run: both, unless
+    /// `stage2_act_dtype` differs (then stage 1; [`KernelSpec::stage2`] is stage 2's).
     pub act_dtype: ActDtype,
+    /// The stage-2 input's act dtype: it decides how the stage-1 epilogue stores the
+    /// intermediate ([`KernelSpec::inter_f16`]).
+    pub stage2_act_dtype: ActDtype,
     /// hidden_states / output are fp16 (else bf16).
     pub in_f16: bool,
     pub out_f16: bool,
@@ -145,6 +150,7 @@ impl KernelSpec {
             gate_mode: l.gate_mode,
             activation: c.activation,
             act_dtype: c.act_dtype,
+            stage2_act_dtype: c.stage2_act_dtype,
             in_f16: f16(&launch.hidden_states),
             out_f16: f16(&launch.output),
             has_bias: l.has_bias,
@@ -173,6 +179,45 @@ impl KernelSpec {
     /// Whether stage 1 and 2 are persistent: one block per SM loops over the work.
     pub fn persistent(&self) -> bool {
         self.family == Family::Wgmma && self.wgmma_ws
+    }
+
+    /// Whether stage 2 reads its input in another act dtype than stage 1 (feature
+    /// STAGE2_ACT_DTYPE): then stage 2 runs from a second module, [`KernelSpec::stage2`].
+    pub fn separate_stage2(&self) -> bool {
+        self.stage2_act_dtype != self.act_dtype
+    }
+
+    /// The configuration whose kernels run stage 2 (its quantization and GEMM) and the
+    /// reduction: this one compiled for the stage-2 act dtype (itself when it is the same).
+    /// Both modules store and read the intermediate alike (`inter_f16` depends on the stage-2
+    /// act dtype only), and share the family, so the sort of stage 1's module fits.
+    pub fn stage2(&self) -> KernelSpec {
+        if !self.separate_stage2() {
+            return self.clone();
+        }
+        let a = self.stage2_act_dtype;
+        KernelSpec {
+            act_dtype: a,
+            // Its stage-1 kernels never run: a 16-bit act dtype takes the input dtype a
+            // launch of that act dtype alone would have, so the module is one of those.
+            in_f16: if a.is_quantized() {
+                self.in_f16
+            } else {
+                a == ActDtype::Fp16
+            },
+            ..self.clone()
+        }
+    }
+
+    /// The 16-bit type the stage-1 epilogue stores the intermediate in (fp16, else bf16): the
+    /// stage-2 act dtype when that is 16-bit (the value the CPU backend rounds to), else the
+    /// output dtype (what the CPU backend quantizes from).
+    pub fn inter_f16(&self) -> bool {
+        if self.stage2_act_dtype.is_quantized() {
+            self.out_f16
+        } else {
+            self.stage2_act_dtype == ActDtype::Fp16
+        }
     }
 
     /// Rows (token, slot pairs) per sorted tile: the route pads each expert to this (`BM`).
@@ -223,8 +268,24 @@ impl KernelSpec {
         }
     }
 
-    /// Output columns (weight rows) one block of stage 1 / stage 2 covers.
+    /// Output columns one block of stage 1 / stage 2 covers. A block of stage 1 holds the gate
+    /// and up rows of its columns; without a gated activation (NONE) it covers as many columns
+    /// as a stage-2 block (the families map a non-gated stage 1 as stage 2).
     pub fn block_columns(&self) -> (usize, usize) {
+        let (gated, down) = self.gated_block_columns();
+        if self.activation.is_gated() {
+            (gated, down)
+        } else {
+            let rows = match self.family {
+                Family::Stream => 32 * (8 / self.split_k[0].clamp(1, 8) as usize),
+                _ => down,
+            };
+            (rows, down)
+        }
+    }
+
+    /// Output columns of a gated stage-1 block and of a stage-2 block.
+    fn gated_block_columns(&self) -> (usize, usize) {
         match self.family {
             Family::Fp32 => (64, 64),
             Family::Tile32 | Family::Mfma => (64, 128),
@@ -255,6 +316,7 @@ impl KernelSpec {
             format!("ACT={}", self.activation as i32),
             format!("ACT_F16={}", b(self.act_dtype == ActDtype::Fp16)),
             format!("ACT_Q={act_q}"),
+            format!("INTER_F16={}", b(self.inter_f16())),
             format!("IN_F16={}", b(self.in_f16)),
             format!("OUT_F16={}", b(self.out_f16)),
             format!("HAS_BIAS={}", b(self.has_bias)),
