@@ -35,6 +35,7 @@ pub fn hip_exclusion(family: Family) -> Option<&'static str> {
 pub fn hip_specs() -> Vec<KernelSpec> {
     specs_where(|s| {
         hip_exclusion(s.family).is_none()
+            && !s.fused_combine // CUDA only (heuristics::fused_combine)
             && (s.family == Family::Fp32 || s.weight_format != WeightFormat::Int4Group32)
     })
 }
