@@ -8,7 +8,8 @@
 // ACT_F16/IN_F16/OUT_F16 (0 = bf16), ACT_Q (0 = 16-bit activations, else the quantized act
 // dtype), INTER_F16 (the intermediate's 16-bit type, KernelSpec::inter_f16), HAS_BIAS, RWOI
 // (router weight on input), HAS_MASK, FP8_FNUZ (fp8 flavour of weights and activations),
-// FAMILY (the GEMM family). The values are the ABI's, compared by name: the host prepends
+// FAMILY (the GEMM family), FUSED_COMBINE (the top-k combine at the end of stage 2 instead of
+// moe_reduce; CUDA only). The values are the ABI's, compared by name: the host prepends
 // `#define WF_MXFP4 6`-style names for every enum value (spec::abi_prelude), so no kernel
 // spells an ABI integer.
 //
@@ -41,10 +42,12 @@ struct Params {
   // Static FP8_PER_TENSOR scales of the stage inputs (one f32 each; 0 = from the amax), and
   // the caller's hidden_scale of pre-quantized hidden_states (0 = x is 16-bit).
   u64 act_scale1, act_scale2, x_scale;
+  u64 combine;  // FUSED_COMBINE: int arrival counters [num_local_tokens, ncb2]
   int M, topk, E, E_global, H, Hp, I, Ip, x_cols, out_cols, max_tiles, ng1;
   float alpha, limit;
   int has_limit, ng2;
   int x_scale_cols;  // scales per row of hidden_scale
+  int ncb2;          // stage-2 column blocks (the grid's y)
 };
 
 #ifndef ACT_Q
@@ -381,6 +384,9 @@ MP_KERNEL void __launch_bounds__(SCAN_THREADS) moe_route(Params p) {
   for (int t = total + tid; t < p.max_tiles; t += SCAN_THREADS) tile_expert[t] = -1;
   if (tid == 0) *(int*)p.total_tiles = total;
   if (tid < 2 && p.amax) ((u32*)p.amax)[tid] = 0u;  // FP8_PER_TENSOR maxima of this launch
+#if FUSED_COMBINE
+  for (i64 i = tid; i < (i64)n_tok * p.ncb2; i += SCAN_THREADS) ((int*)p.combine)[i] = 0;
+#endif
   for (int r = tid; r < total * BM; r += SCAN_THREADS) rows[r] = -1;
   __syncthreads();  // padding written before the scatter overwrites real rows
   for (int q = tid; q < npairs; q += SCAN_THREADS) {
@@ -554,21 +560,120 @@ MP_KERNEL void __launch_bounds__(THREADS) moe_quant2(Params p) { quant_rows<2>(p
 
 // ---- top-k reduction ---------------------------------------------------------------------
 
-// out[t, n] = sum over slots s (in order) of y[t*topk + s, n] for routed pairs; rows at or
-// beyond num_local_tokens and padded columns are zero.
+#if FUSED_COMBINE && defined(MP_HIP)
+#error "FUSED_COMBINE: CUDA only (heuristics::fused_combine)"
+#endif
+
+// A stage-2 partial, read from L2: with FUSED_COMBINE it was written by another block of the
+// running kernel, and this SM's L1 may hold a stale line around it.
+__device__ __forceinline__ float load_partial(const float* a) {
+#if FUSED_COMBINE
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(a));
+  return v;
+#else
+  return *a;
+#endif
+}
+
+// out[t, n] of a local token: the sum over slots s (in order) of y[t*topk + s, n] for routed
+// pairs. The one definition of the combine: moe_reduce and the fused combine give the same bits.
+__device__ __forceinline__ float slot_sum(const Params& p, int t, int n) {
+  float sum = 0.0f;
+  for (int s = 0; s < p.topk; ++s) {
+    int q = t * p.topk + s;
+    if (((const int*)p.pair_local)[q] >= 0) sum += load_partial((const float*)p.y + (i64)q * p.H + n);
+  }
+  return sum;
+}
+
+__device__ __forceinline__ void store_out(const Params& p, int t, int n, float v) {
+#if OUT_F16
+  ((u16*)p.out)[(i64)t * p.out_cols + n] = mp_f32_to_f16(v);
+#else
+  ((u16*)p.out)[(i64)t * p.out_cols + n] = mp_f32_to_bf16(v);
+#endif
+}
+
+// out[t, n] = slot_sum for routed pairs; rows at or beyond num_local_tokens and padded
+// columns are zero.
 MP_KERNEL void __launch_bounds__(THREADS) moe_reduce(Params p) {
   int t = blockIdx.x, n = blockIdx.y * THREADS + threadIdx.x;  // x: tokens (no 65535 cap)
   if (n >= p.out_cols) return;
-  float sum = 0.0f;
-  if (t < local_tokens(p) && n < p.H) {
-    for (int s = 0; s < p.topk; ++s) {
-      int q = t * p.topk + s;
-      if (((const int*)p.pair_local)[q] >= 0) sum += ((const float*)p.y)[(i64)q * p.H + n];
+  store_out(p, t, n, t < local_tokens(p) && n < p.H ? slot_sum(p, t, n) : 0.0f);
+}
+
+// ---- fused top-k combine (FUSED_COMBINE) -------------------------------------------------
+//
+// Stage 2 does moe_reduce's work, without its launch. Its grid is (max_tiles + zero blocks,
+// ncb2). A compute block writes its partial rows as before, then each of its routed rows counts
+// one arrival at (token, column block); the block whose arrival completes the token's routed
+// slots sums them with slot_sum. The zero blocks (x >= max_tiles) write the elements no
+// compute block owns: every column of tokens without a routed slot (at or beyond
+// num_local_tokens, masked off, out of range) and the padded columns. The route kernel zeroes
+// the counters. Each family's stage 2 calls combine_zero_block first and combine_arrive last,
+// with the block's columns [col0, col0 + ncols); both are no-ops without FUSED_COMBINE.
+
+// Whether this block is a zero block (then it did its work and the caller returns).
+__device__ __forceinline__ bool combine_zero_block(const Params& p, int col0, int ncols) {
+#if FUSED_COMBINE
+  if ((int)blockIdx.x < p.max_tiles) return false;
+  int zb = blockIdx.x - p.max_tiles, nzb = gridDim.x - p.max_tiles;
+  int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  int end = min(col0 + ncols, p.H);
+  bool pad = blockIdx.y == gridDim.y - 1;  // the last column block zeroes [H, out_cols)
+  const int* pl = (const int*)p.pair_local;
+  for (i64 t0 = (i64)zb * THREADS; t0 < p.M; t0 += (i64)nzb * THREADS) {  // warp-uniform
+    int t = (int)(t0 + tid);
+    bool routed = false;
+    for (int s = 0; t < p.M && s < p.topk; ++s) routed |= pl[(i64)t * p.topk + s] >= 0;
+    u32 unrouted = __ballot_sync(0xffffffffu, t < p.M && !routed);
+    u32 live = __ballot_sync(0xffffffffu, t < p.M);
+    for (int b = 0; b < 32; ++b) {
+      if (!(live >> b & 1)) continue;
+      int tok = (int)t0 + warp * 32 + b;
+      int from = unrouted >> b & 1 ? col0 : end;
+      for (int n = from + lane; n < end; n += 32) store_out(p, tok, n, 0.0f);
+      if (pad)
+        for (int n = p.H + lane; n < p.out_cols; n += 32) store_out(p, tok, n, 0.0f);
     }
   }
-#if OUT_F16
-  ((u16*)p.out)[(i64)t * p.out_cols + n] = mp_f32_to_f16(sum);
+  return true;
 #else
-  ((u16*)p.out)[(i64)t * p.out_cols + n] = mp_f32_to_bf16(sum);
+  (void)p, (void)col0, (void)ncols;
+  return false;
+#endif
+}
+
+// Called by every thread of a compute block after its store_down writes; s_row: the block's
+// BM sorted rows (pair index or -1).
+__device__ __forceinline__ void combine_arrive(const Params& p, const int* s_row, int col0,
+                                               int ncols) {
+#if FUSED_COMBINE
+  __shared__ int s_last[BM];  // token this row's arrival completed, or -1
+  const int* pl = (const int*)p.pair_local;
+  int tid = threadIdx.x;
+  __threadfence();  // this block's partials reach device scope before its arrivals count
+  __syncthreads();
+  if (tid < BM) {
+    int q = s_row[tid], last = -1;
+    if (q >= 0) {
+      int t = q / p.topk, routed = 0;
+      for (int s = 0; s < p.topk; ++s) routed += pl[t * p.topk + s] >= 0;
+      int* counter = (int*)p.combine + (i64)t * p.ncb2 + blockIdx.y;
+      if (atomicAdd(counter, 1) == routed - 1) {
+        __threadfence();  // every other arrival's partials are visible before the sum reads
+        last = t;
+      }
+    }
+    s_last[tid] = last;
+  }
+  __syncthreads();
+  for (int i = tid; i < BM * ncols; i += THREADS) {
+    int t = s_last[i / ncols], n = col0 + i % ncols;
+    if (t >= 0 && n < p.H) store_out(p, t, n, slot_sum(p, t, n));
+  }
+#else
+  (void)p, (void)s_row, (void)col0, (void)ncols;
 #endif
 }

@@ -19,11 +19,12 @@ __device__ void moe_gemm(const Params& p) {
   __shared__ float As[BK][BM + 1];
   __shared__ float Bs[GATED ? 2 : 1][BK][BN + 4];
   __shared__ int s_row[BM];
+  int n0 = blockIdx.y * BN;
+  if (!GATED && combine_zero_block(p, n0, BN)) return;
   int tile = blockIdx.x;  // x: up to 2^31-1 tiles; y: column blocks
   if (tile >= *(const int*)p.total_tiles) return;
   int e = ((const int*)p.tile_expert)[tile];
   int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
-  int n0 = blockIdx.y * BN;
   if (tid < BM) s_row[tid] = ((const int*)p.sorted_rows)[tile * BM + tid];
 
   // stage 1: A = x rows (K = H), B = w13 rows; stage 2: A = intermediate rows (K = I), B = w2.
@@ -101,6 +102,7 @@ __device__ void moe_gemm(const Params& p) {
       }
     }
   }
+  if (!GATED) combine_arrive(p, s_row, n0, BN);
 }
 
 MP_KERNEL void __launch_bounds__(THREADS) moe_stage1(Params p) { moe_gemm<true>(p); }

@@ -127,11 +127,12 @@ __device__ void moe_gemm_tc(const Params& p) {
 #endif
   __shared__ float Asc[BM][2], Bsc[TBR][2];
   __shared__ int s_row[BM];
+  int n0 = blockIdx.y * (GATED ? 64 : BN2);
+  if (!GATED && combine_zero_block(p, n0, BN2)) return;
   int tile = blockIdx.x;
   if (tile >= *(const int*)p.total_tiles) return;  // empty tile: exit before any load
   int e = ((const int*)p.tile_expert)[tile];
   int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
-  int n0 = blockIdx.y * (GATED ? 64 : BN2);
   if (tid < BM) s_row[tid] = ((const int*)p.sorted_rows)[tile * BM + tid];
 
   int K = S1 ? p.H : p.I;
@@ -399,6 +400,7 @@ __device__ void moe_gemm_tc(const Params& p) {
         }
       }
     }
+  if (!GATED) combine_arrive(p, s_row, n0, BN2);
 }
 
 // An explicit register budget: two blocks per SM (the hi/lo split paths and MXFP8 need more

@@ -69,8 +69,13 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 wgmma_blocks: [1, 2][(chosen / 4) % 2],
                                 wgmma_tma: (chosen / 8) % 2 == 0,
                                 wgmma_ws: (chosen / 16) % 2 == 0,
+                                // the default where the family has it (heuristics)
+                                fused_combine: family.fuses_combine(),
                             };
                             n += 1;
+                            if !keep(&spec) && spec.fused_combine {
+                                spec.fused_combine = false; // not on every vendor
+                            }
                             if !keep(&spec) && spec.fp8_fnuz {
                                 spec.fp8_fnuz = false; // fnuz is not on every family
                             }
@@ -90,6 +95,15 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 spec.wgmma_ws = false; // the producer starts TMA copies
                             }
                             if keep(&spec) {
+                                // MOEPLUG_FUSED_COMBINE=0 brings back moe_reduce: that variant
+                                // of every 16th configuration.
+                                let unfused = (spec.fused_combine && chosen % 16 == 0)
+                                    .then(|| KernelSpec {
+                                        fused_combine: false,
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(unfused);
                                 // GELU_TANH differs from GELU in the epilogue's one call:
                                 // it is compiled wherever GELU is.
                                 let tanh =

@@ -65,6 +65,27 @@ static SPLIT_K_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| {
         .filter(|kw| [1, 2, 4, 8].contains(kw))
 });
 
+/// `MOEPLUG_FUSED_COMBINE=0|1`: a diagnostic switch of the fused top-k combine (A/B on a
+/// device); 1, like unset, fuses it where the family covers it, 0 launches `moe_reduce`.
+static FUSED_COMBINE_PREFERENCE: Lazy<Option<bool>> = Lazy::new(|| {
+    match std::env::var("MOEPLUG_FUSED_COMBINE")
+        .ok()
+        .as_deref()
+        .map(str::trim)
+    {
+        Some("0") => Some(false),
+        Some("1") => Some(true),
+        _ => None,
+    }
+});
+
+/// Whether `family` on `arch` ends stage 2 with the top-k combine: wherever it can (CUDA,
+/// [`Family::fuses_combine`]), unless `MOEPLUG_FUSED_COMBINE=0`. One launch fewer (2-4 us
+/// under a graph, bench/NOTES.md) for the same bits as `moe_reduce`.
+pub fn fused_combine(arch: &str, family: Family) -> bool {
+    sm_version(arch).is_some() && family.fuses_combine() && *FUSED_COMBINE_PREFERENCE != Some(false)
+}
+
 /// "sm_90" -> 90.
 pub fn sm_version(arch: &str) -> Option<u32> {
     arch.strip_prefix("sm_").and_then(|v| v.parse().ok())
@@ -324,6 +345,9 @@ pub fn wgmma_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Opti
 pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
     // Only the fp32 family decodes int4 (load_w in moe_common.cuh).
     let int4 = spec.weight_format == WeightFormat::Int4Group32;
+    if spec.fused_combine && !spec.family.fuses_combine() {
+        return false;
+    }
     match spec.family {
         Family::Fp32 => sm < 80 || int4,
         Family::Tile32 => sm >= 80 && !int4,
@@ -343,6 +367,7 @@ pub fn spec_for(
 ) -> Result<KernelSpec> {
     let family = choose_accepted(arch, launch, shape, accepted)?;
     let mut spec = KernelSpec::for_launch(launch, family);
+    spec.fused_combine = fused_combine(arch, family);
     if family == Family::Stream {
         let l = &launch.config.layout;
         let steps = |k: usize| k.div_ceil(4 * pack_values(spec.weight_format));

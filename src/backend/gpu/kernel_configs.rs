@@ -35,6 +35,7 @@ pub fn hip_exclusion(family: Family) -> Option<&'static str> {
 pub fn hip_specs() -> Vec<KernelSpec> {
     specs_where(|s| {
         hip_exclusion(s.family).is_none()
+            && !s.fused_combine // CUDA only (heuristics::fused_combine)
             && (s.family == Family::Fp32 || mfma_spec_unsupported(s).is_none())
     })
 }
@@ -362,6 +363,65 @@ mod tests {
         let mut fp32 = ocp.clone();
         fp32.family = Family::Fp32;
         assert_eq!(expected_mfma("gfx950", &fp32), None);
+    }
+
+    #[test]
+    fn the_combine_is_fused_on_cuda_where_the_family_has_it_with_one_workspace_size() {
+        use crate::backend::gpu::launch;
+        let shape = |m| LaunchShape {
+            m,
+            topk: 2,
+            hidden_cols: 256,
+            output_cols: 256,
+            weight_elem: ElemType::Bf16,
+        };
+        let cuda = super::super::compile_check::selectable_specs(90);
+        for f in Family::ALL {
+            // every family the CUDA check compiles, fused exactly where it can be
+            let of_f: Vec<&KernelSpec> = cuda.iter().filter(|s| s.family == f).collect();
+            assert_eq!(of_f.is_empty(), f == Family::Mfma, "{f:?}"); // MFMA: AMD only
+            assert_eq!(
+                of_f.iter().any(|s| s.fused_combine),
+                f.fuses_combine(),
+                "{f:?}"
+            );
+            assert_eq!(heuristics::fused_combine("sm_90", f), f.fuses_combine());
+            assert!(!heuristics::fused_combine("gfx942", f), "{f:?}");
+        }
+        assert!(hip_specs().iter().all(|s| !s.fused_combine));
+        for s in cuda.iter().step_by(7) {
+            let l = launch_for(s);
+            let chosen = heuristics::spec_for("sm_90", &l, &shape(3), FamilySet::all()).unwrap();
+            assert_eq!(chosen.fused_combine, chosen.family.fuses_combine());
+            let want = format!("FUSED_COMBINE={}", chosen.fused_combine as i32);
+            assert!(chosen.defines().contains(&want));
+            for m in [1, 300, 5000] {
+                let plans: Vec<launch::Plan> = Family::ALL
+                    .iter()
+                    .flat_map(|&family| {
+                        [false, true].map(|fused_combine| KernelSpec {
+                            family,
+                            fused_combine,
+                            ..s.clone()
+                        })
+                    })
+                    .map(|spec| launch::plan(&l, &shape(m), spec).unwrap())
+                    .collect();
+                for p in &plans {
+                    assert_eq!(p.workspace_bytes, plans[0].workspace_bytes, "{s:?} m={m}");
+                    let zero_blocks = if p.spec.fused_combine {
+                        m.div_ceil(256)
+                    } else {
+                        0
+                    };
+                    assert_eq!(p.combine_zero_blocks, zero_blocks);
+                    assert_eq!(
+                        p.stage2_column_blocks,
+                        256usize.div_ceil(p.spec.block_columns().1)
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::tensor::Tensor;
 use crate::types::{ActDtype, Activation};
 
 use super::heuristics;
-use super::spec::{Family, FamilySet, KernelSpec};
+use super::spec::{Family, FamilySet, KernelSpec, FEWEST_STAGE2_COLUMNS};
 /// Threads of the GEMM and reduce kernels, and of the route kernel.
 pub const THREADS: u32 = 256;
 pub const ROUTE_THREADS: u32 = 1024;
@@ -52,6 +52,8 @@ pub struct KernelParams {
     pub act_scale1: u64,
     pub act_scale2: u64,
     pub x_scale: u64,
+    /// Fused combine: i32 arrival counters per (token, stage-2 column block).
+    pub combine: u64,
     pub m: i32,
     pub topk: i32,
     pub e: i32,
@@ -71,10 +73,12 @@ pub struct KernelParams {
     pub ng2: i32,
     /// Scales per row of hidden_scale (pre-quantized input).
     pub x_scale_cols: i32,
+    /// Stage-2 column blocks (the stage-2 grid's y).
+    pub ncb2: i32,
 }
 
 /// Workspace regions, in order.
-const REGIONS: usize = 10;
+const REGIONS: usize = 11;
 
 /// Sizes of one launch and where each workspace region starts.
 #[derive(Debug, Clone)]
@@ -92,8 +96,13 @@ pub struct Plan {
     pub max_tiles: usize,
     /// Scale groups per row of each stage input (quantized activations).
     pub groups: [usize; 2],
+    /// Stage-2 grid: column blocks (y), and the fused combine's zero blocks appended to the
+    /// tiles along x (0 without the fused combine).
+    pub stage2_column_blocks: usize,
+    pub combine_zero_blocks: usize,
     /// Byte offsets: counters (total_tiles, 2 amax), tile_expert, sorted_rows, pair_local,
-    /// inter, y, stage-1 codes, stage-1 scales, stage-2 codes, stage-2 scales.
+    /// inter, y, stage-1 codes, stage-1 scales, stage-2 codes, stage-2 scales, combine
+    /// arrival counters.
     pub offsets: [usize; REGIONS],
     pub workspace_bytes: usize,
     pub route_shared_bytes: usize,
@@ -213,6 +222,7 @@ pub fn plan(launch: &MoeLaunch, shape: &LaunchShape, spec: KernelSpec) -> Result
         q(0, m * groups[0] * 4),
         q(1, pairs * i),
         q(1, pairs * groups[1] * 4),
+        m * h.div_ceil(FEWEST_STAGE2_COLUMNS) * 4,
     ];
     let mut offsets = [0usize; REGIONS];
     let mut at = 0usize;
@@ -230,6 +240,13 @@ pub fn plan(launch: &MoeLaunch, shape: &LaunchShape, spec: KernelSpec) -> Result
     } else {
         0
     };
+    let stage2_column_blocks = spec.stage2_column_blocks(h);
+    // Each zero block takes THREADS tokens at a time (moe_common.cuh combine_zero_block).
+    let combine_zero_blocks = if spec.fused_combine {
+        m.div_ceil(THREADS as usize)
+    } else {
+        0
+    };
     Ok(Plan {
         spec2: spec.stage2(),
         spec,
@@ -240,6 +257,8 @@ pub fn plan(launch: &MoeLaunch, shape: &LaunchShape, spec: KernelSpec) -> Result
         out_cols: shape.output_cols,
         max_tiles,
         groups,
+        stage2_column_blocks,
+        combine_zero_blocks,
         offsets,
         workspace_bytes: at,
         route_shared_bytes: 4 * (2 * e + 1 + ROUTE_THREADS as usize + mask_ints),
@@ -327,6 +346,7 @@ pub fn params(launch: &MoeLaunch, plan: &Plan, ws: u64) -> KernelParams {
         act_scale1: p(&launch.stage1_act_scale),
         act_scale2: p(&launch.stage2_act_scale),
         x_scale: p(&launch.hidden_scale),
+        combine: ws + o[10] as u64,
         m: plan.m as i32,
         topk: plan.topk as i32,
         e: l.num_experts as i32,
@@ -348,6 +368,7 @@ pub fn params(launch: &MoeLaunch, plan: &Plan, ws: u64) -> KernelParams {
             .as_ref()
             .map(|s| s.numel() / plan.m.max(1))
             .unwrap_or(0) as i32,
+        ncb2: plan.stage2_column_blocks as i32,
     }
 }
 
@@ -371,11 +392,12 @@ mod tests {
             total_tiles => "total_tiles", tile_expert => "tile_expert",
             sorted_rows => "sorted_rows", pair_local => "pair_local", inter => "inter", y => "y",
             amax => "amax", xq => "xq", xs => "xs", aq => "aq", as_ => "as",
-            act_scale1 => "act_scale1", act_scale2 => "act_scale2", x_scale => "x_scale", m => "M",
+            act_scale1 => "act_scale1", act_scale2 => "act_scale2", x_scale => "x_scale",
+            combine => "combine", m => "M",
             topk => "topk", e => "E", e_global => "E_global", h => "H", hp => "Hp", i => "I",
             ip => "Ip", x_cols => "x_cols", out_cols => "out_cols", max_tiles => "max_tiles",
             ng1 => "ng1", alpha => "alpha", limit => "limit", has_limit => "has_limit",
-            ng2 => "ng2", x_scale_cols => "x_scale_cols",
+            ng2 => "ng2", x_scale_cols => "x_scale_cols", ncb2 => "ncb2",
         );
     }
 }

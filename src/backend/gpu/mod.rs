@@ -568,7 +568,7 @@ impl GpuBackend {
         };
         let stream = l.stream as Handle;
         let tiles = plan.max_tiles as u32;
-        let (n1, n2) = spec.block_columns();
+        let (n1, _) = spec.block_columns();
         let c = &l.config.layout;
         let (act, act2) = (l.config.act_dtype, l.config.stage2_act_dtype);
         let rows = |n: usize| (n as u32, 1);
@@ -621,10 +621,16 @@ impl GpuBackend {
         }
         stage(
             k2.stage2,
-            (tiles, c.hidden_size.div_ceil(n2) as u32),
+            (
+                tiles + plan.combine_zero_blocks as u32,
+                plan.stage2_column_blocks as u32,
+            ),
             maps.as_ref().map(|m| &m[1]),
             "moe_stage2",
         )?;
+        if spec2.fused_combine {
+            return Ok(()); // stage 2 wrote the output
+        }
         gemm(
             k2.reduce,
             (
@@ -741,6 +747,7 @@ fn default_spec() -> spec::KernelSpec {
         wgmma_blocks: 1,
         wgmma_tma: false,
         wgmma_ws: false,
+        fused_combine: false,
     }
 }
 

@@ -118,6 +118,8 @@ pub fn tested_specs(vendor: Vendor, arch: &str) -> Vec<KernelSpec> {
         .map(|family| {
             let spec = KernelSpec {
                 family,
+                // as a launch gets it
+                fused_combine: super::heuristics::fused_combine(arch, family),
                 ..problem_spec()
             };
             // The wgmma family runs its warp-specialised TMA kernel where launches would.

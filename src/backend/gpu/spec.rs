@@ -60,6 +60,16 @@ impl Family {
 }
 
 impl Family {
+    /// Whether the family's stage 2 can end with the top-k combine (`FUSED_COMBINE`,
+    /// kernels/moe_common.cuh: arrival counters, the last block of a token sums its slots).
+    /// Not wgmma (its kernel is being rewritten) nor MFMA (the combine's loads are CUDA PTX).
+    pub fn fuses_combine(self) -> bool {
+        match self {
+            Family::Fp32 | Family::Tile32 | Family::Stream => true,
+            Family::Wgmma | Family::Mfma => false,
+        }
+    }
+
     /// The family that runs a launch when the device's self-test refused this one: it can run
     /// every launch this family can (on the same device). Exhaustive, so a new family answers.
     pub fn fallback(self) -> Option<Family> {
@@ -135,6 +145,9 @@ pub struct KernelSpec {
     /// Wgmma family: a producer warpgroup fills the ring while two consumer warpgroups
     /// multiply, persistent over the tiles (`WG_WS`).
     pub wgmma_ws: bool,
+    /// The top-k combine runs at the end of stage 2 instead of as `moe_reduce`
+    /// (`FUSED_COMBINE`; [`Family::fuses_combine`] families on CUDA only).
+    pub fused_combine: bool,
 }
 
 impl KernelSpec {
@@ -163,6 +176,7 @@ impl KernelSpec {
             wgmma_blocks: 1,
             wgmma_tma: false,
             wgmma_ws: false,
+            fused_combine: false,
         }
     }
 
@@ -268,6 +282,12 @@ impl KernelSpec {
         }
     }
 
+    /// Stage-2 column blocks over `hidden_size` columns: the stage-2 grid's y, and the arrival
+    /// counters per token of the fused combine.
+    pub fn stage2_column_blocks(&self, hidden_size: usize) -> usize {
+        hidden_size.div_ceil(self.block_columns().1)
+    }
+
     /// Output columns one block of stage 1 / stage 2 covers. A block of stage 1 holds the gate
     /// and up rows of its columns; without a gated activation (NONE) it covers as many columns
     /// as a stage-2 block (the families map a non-gated stage 1 as stage 2).
@@ -323,6 +343,7 @@ impl KernelSpec {
             format!("RWOI={}", b(self.router_weight_on_input)),
             format!("HAS_MASK={}", b(self.has_mask)),
             format!("FP8_FNUZ={}", b(self.fp8_fnuz)),
+            format!("FUSED_COMBINE={}", b(self.fused_combine)),
         ];
         if self.family == Family::Stream {
             d.push(format!("SW_KW1={}", self.split_k[0]));
@@ -339,6 +360,10 @@ impl KernelSpec {
         d
     }
 }
+
+/// The narrowest stage-2 column block of any spec (the stream family with K split 8 ways): the
+/// fused combine's counters are sized with it, so one workspace size fits every family.
+pub const FEWEST_STAGE2_COLUMNS: usize = 32;
 
 /// `#define` lines naming every ABI enum value and every family, prepended to the kernel
 /// source: the kernels compare `WFMT == WF_MXFP4`, never a bare integer, and the values come
@@ -414,6 +439,22 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn no_spec_has_a_narrower_stage2_block_than_the_workspace_assumes() {
+        let specs = super::super::compile_check::specs_where(|_| true);
+        assert!(specs
+            .iter()
+            .all(|s| s.block_columns().1 >= FEWEST_STAGE2_COLUMNS));
+        assert!(specs
+            .iter()
+            .any(|s| s.block_columns().1 == FEWEST_STAGE2_COLUMNS));
+        let s = &specs[0];
+        assert_eq!(s.stage2_column_blocks(1), 1);
+        let cols = s.block_columns().1;
+        assert_eq!(s.stage2_column_blocks(cols), 1);
+        assert_eq!(s.stage2_column_blocks(cols + 1), 2);
     }
 
     #[test]

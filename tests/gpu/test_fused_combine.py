@@ -1,0 +1,121 @@
+"""The top-k combine fused into stage 2 (issue 8; kernels/moe_common.cuh "fused top-k combine")
+against the moe_reduce launch it replaces: the same bits for every format at M in {1, 7, 64,
+300}, with expert_mask / num_local_tokens (tokens without a routed slot, duplicate experts in
+a token's slots) and padded output columns, on every family that fuses it and on the
+heuristics' own pick; the fused output is also checked against the CPU backend and float64,
+is the same run after run and after CUDA graph replays, and the launch has no moe_reduce
+kernel. MOEPLUG_FUSED_COMBINE and MOEPLUG_GPU_FAMILY are read once per process, so each
+setting runs in a fresh process (the `child` below)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+HERE = Path(__file__).resolve().parent
+FORMATS = ["bf16", "fp16", "fp8_per_tensor", "fp8_per_channel", "fp8_block128", "mxfp4", "mxfp8",
+           "int4_group32"]
+MS = [1, 7, 64, 300]
+OPTIONS = ["plain", "ep", "padded"]
+# None: the heuristics' pick (at M = 300 often wgmma, which keeps moe_reduce either way).
+FAMILIES = [None, "stream", "tile32", "fp32"]
+PROFILED = ("bf16", 7, "ep")
+
+
+def case_kwargs(fmt, M, option):
+    """run_moe arguments of one case (H = 320: a partial last column block in every family)."""
+    kw = dict(E=8, k=3, H=320, I=160, M=M, seed=11 + M)
+    if fmt == "fp16":
+        kw["in_dtype"] = torch.float16
+    if fmt == "int4_group32":  # AITER's int4 scales pair 32-groups: K % 64 (the padded sizes)
+        kw["slayout"] = "aiter_int4" if option == "padded" else "plain"
+    if option == "ep":
+        # 8 local of 13 global experts; ids off-rank, out of range and repeated within a token
+        # leave some tokens without a routed slot; num_local_tokens cuts the last rows (all of
+        # them at M = 1).
+        mask = torch.zeros(13, dtype=torch.int32, device="cuda")
+        mask[torch.tensor([0, 2, 3, 5, 8, 9, 10, 12])] = 1
+        g = torch.Generator(device="cuda")
+        g.manual_seed(M)
+        kw["mask"] = mask
+        kw["ids"] = torch.randint(-1, 14, (M, 3), device="cuda", generator=g, dtype=torch.int32)
+        kw["n_local"] = M - 3 if M > 3 else 0
+    elif option == "padded":
+        kw.update(Hp=384, Ip=192, out_cols=384, bias=True, act="swiglu_oai", gate="interleave")
+    return kw
+
+
+def child(path):
+    """One process: every case under this process's MOEPLUG_FUSED_COMBINE / MOEPLUG_GPU_FAMILY;
+    outputs and the kernel names of one launch saved to `path`."""
+    sys.path.insert(0, str(HERE))
+    import _abi
+    from test_fused_moe import assert_close, run_moe
+
+    fused = os.environ.get("MOEPLUG_FUSED_COMBINE") == "1"
+    outs = {}
+    for fmt in FORMATS:
+        for M in MS:
+            for option in OPTIONS:
+                kw = case_kwargs(fmt, M, option)
+                out, ref, st = run_moe(fmt, **kw)
+                if fused:
+                    assert_close(out, ref, kw.get("n_local"), st)
+                    for _ in range(2):  # same inputs, same bits
+                        again, _, _ = run_moe(fmt, m=st["m"], **kw)
+                        assert torch.equal(again, out), f"{fmt} M={M} {option}: not repeatable"
+                outs[f"{fmt}-{M}-{option}"] = out.cpu()
+    fmt, M, option = PROFILED
+    out, _, st = run_moe(fmt, **case_kwargs(fmt, M, option))
+    t = st["tensors"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        _abi.fused_moe(st["args"])
+        torch.cuda.synchronize()
+    kernels = sorted({e.key for e in prof.key_averages() if e.key.startswith("moe_")})
+    # Graph replays: the route kernel zeroes the arrival counters in every replay.
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        args = _abi.make_args(st["layout"], t, **dict(st["kw"], stream=s.cuda_stream))
+        with torch.cuda.graph(graph, stream=s):
+            _abi.fused_moe(args)
+    torch.cuda.synchronize()
+    for _ in range(3):
+        t["output"].fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(t["output"], out), "a graph replay changed the output"
+    torch.save(dict(outs=outs, kernels=kernels), path)
+
+
+def run_child(path, fused, family):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MOEPLUG_FUSED_COMBINE", "MOEPLUG_GPU_FAMILY")}
+    env["MOEPLUG_FUSED_COMBINE"] = "1" if fused else "0"
+    if family:
+        env["MOEPLUG_GPU_FAMILY"] = family
+    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); "
+            f"import test_fused_combine as t; t.child({str(path)!r})")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return torch.load(path)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f or "heuristics")
+def test_fused_combine_gives_moe_reduce_bits(tmp_path, family):
+    fused = run_child(tmp_path / "fused.pt", True, family)
+    unfused = run_child(tmp_path / "unfused.pt", False, family)
+    assert fused["outs"].keys() == unfused["outs"].keys()
+    differ = [k for k in fused["outs"] if not torch.equal(fused["outs"][k], unfused["outs"][k])]
+    assert not differ, f"fused combine bits differ from moe_reduce: {differ}"
+    # The launch count: no moe_reduce once fused (bf16 at M = 7 runs on the stream family when
+    # the heuristics pick).
+    assert "moe_stage2" in fused["kernels"] and "moe_stage2" in unfused["kernels"]
+    assert "moe_reduce" in unfused["kernels"], unfused["kernels"]
+    assert "moe_reduce" not in fused["kernels"], fused["kernels"]
