@@ -20,7 +20,7 @@ __device__ void moe_gemm(const Params& p) {
   __shared__ float Bs[GATED ? 2 : 1][BK][BN + 4];
   __shared__ int s_row[BM];
   int n0 = blockIdx.y * BN;
-  if (!GATED && combine_zero_block(p, n0, BN)) return;
+  if (!S1 && combine_zero_block(p, n0, BN)) return;
   int tile = blockIdx.x;  // x: up to 2^31-1 tiles; y: column blocks
   if (tile >= *(const int*)p.total_tiles) return;
   int e = ((const int*)p.tile_expert)[tile];
@@ -102,7 +102,7 @@ __device__ void moe_gemm(const Params& p) {
       }
     }
   }
-  if (!GATED) combine_arrive(p, s_row, n0, BN);
+  if (!S1) combine_arrive(p, s_row, n0, BN);
 }
 
 MP_KERNEL void __launch_bounds__(THREADS) moe_stage1(Params p) { moe_gemm<true>(p); }

@@ -110,7 +110,7 @@ __device__ void moe_gemm_stream(const Params& p) {
   __shared__ float red[RW][KW][2][16][SW_TLD];
   __shared__ int s_row[BM];
   constexpr int COLS2 = RW * 32;  // stage-2 output columns of the block
-  if (!GATED && combine_zero_block(p, blockIdx.y * COLS2, COLS2)) return;
+  if (!S1 && combine_zero_block(p, blockIdx.y * COLS2, COLS2)) return;
   int tile = blockIdx.x;
   if (tile >= *(const int*)p.total_tiles) return;  // empty tile: exit before any load
   int e = ((const int*)p.tile_expert)[tile];
@@ -438,7 +438,7 @@ __device__ void moe_gemm_stream(const Params& p) {
       }
     }
   }
-  if (!GATED) combine_arrive(p, s_row, blockIdx.y * COLS2, COLS2);
+  if (!S1) combine_arrive(p, s_row, blockIdx.y * COLS2, COLS2);
 }
 
 // Two blocks per SM (16 warps) keep enough weight bytes in flight (the compile check fails on

@@ -128,7 +128,7 @@ __device__ void moe_gemm_tc(const Params& p) {
   __shared__ float Asc[BM][2], Bsc[TBR][2];
   __shared__ int s_row[BM];
   int n0 = blockIdx.y * (GATED ? 64 : BN2);
-  if (!GATED && combine_zero_block(p, n0, BN2)) return;
+  if (!S1 && combine_zero_block(p, n0, BN2)) return;
   int tile = blockIdx.x;
   if (tile >= *(const int*)p.total_tiles) return;  // empty tile: exit before any load
   int e = ((const int*)p.tile_expert)[tile];
@@ -400,7 +400,7 @@ __device__ void moe_gemm_tc(const Params& p) {
         }
       }
     }
-  if (!GATED) combine_arrive(p, s_row, n0, BN2);
+  if (!S1) combine_arrive(p, s_row, n0, BN2);
 }
 
 // An explicit register budget: two blocks per SM (the hi/lo split paths and MXFP8 need more
