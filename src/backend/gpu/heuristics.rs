@@ -79,11 +79,13 @@ static FUSED_COMBINE_PREFERENCE: Lazy<Option<bool>> = Lazy::new(|| {
     }
 });
 
-/// Whether `family` on `arch` ends stage 2 with the top-k combine: wherever it can (CUDA,
-/// [`Family::fuses_combine`]), unless `MOEPLUG_FUSED_COMBINE=0`. One launch fewer (2-4 us
-/// under a graph, bench/NOTES.md) for the same bits as `moe_reduce`.
+/// Whether `family` on `arch` ends stage 2 with the top-k combine (same bits as `moe_reduce`,
+/// one launch fewer): only with `MOEPLUG_FUSED_COMBINE=1` where it can (CUDA,
+/// [`Family::fuses_combine`]). Measured on the H200 (bench/NOTES.md, session 4) it was 3-12 %
+/// slower than the separate reduce at every decode point: the counters, fences and L2 reads at
+/// the end of every stage-2 block cost more than the launch.
 pub fn fused_combine(arch: &str, family: Family) -> bool {
-    sm_version(arch).is_some() && family.fuses_combine() && *FUSED_COMBINE_PREFERENCE != Some(false)
+    sm_version(arch).is_some() && family.fuses_combine() && *FUSED_COMBINE_PREFERENCE == Some(true)
 }
 
 /// "sm_90" -> 90.
