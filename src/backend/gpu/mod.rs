@@ -560,8 +560,8 @@ impl GpuBackend {
         let maps = if spec.wgmma_tma {
             let [w13, w2] = launch::tma_weights(l, &spec);
             Some([
-                tma::weight_map(&self.api, &w13)?,
-                tma::weight_map(&self.api, &w2)?,
+                tma::weight_map(self.api, &w13)?,
+                tma::weight_map(self.api, &w2)?,
             ])
         } else {
             None
