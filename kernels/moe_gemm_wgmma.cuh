@@ -30,9 +30,16 @@
 // Each warpgroup's WG_N weight rows of stage 1 are WG_N / 2 gate and WG_N / 2 up rows of the
 // same output columns, so the epilogue pairs them in-thread.
 //
+// Two ways to fill the ring, both on 128 x 128 blocks of AITER 16x16 weights (not MXFP4):
+// - WG_TMA: the weight tile by one TMA copy per stage (no swizzle, [chunk][row] core
+//   matrices), completing on the stage's mbarrier; activations as above.
+// - WG_WS (needs WG_TMA): warp-specialised and persistent, moe_gemm_wg_ws below.
+// Measured on the H200 (bench/NOTES.md, session 4): the L2's tag lookups bind these kernels;
+// TMA gained 4-16 %, warp specialisation 3-10 % at M = 1024.
+//
 // From spec.rs: WG_N (weight rows per warpgroup MMA: 128 or 256), WG_STAGES (ring depth),
 // WG_SMEM_BYTES (the dynamic shared memory the host launches with), WG_MIN_BLOCKS (blocks per
-// SM the register budget is for).
+// SM the register budget is for), WG_TMA, WG_WS.
 // WG_TMA: the weight tile comes by one TMA copy per stage (tensor map of the AITER 16x16
 // layout from the host, see below) instead of per-thread cp.async: the L2's tag lookups, not
 // its bytes, bound the copies (bench/NOTES.md), and a TMA box asks for whole lines.
