@@ -38,7 +38,7 @@ def aiter_args(prepared_or_layout, *, activation="silu") -> dict:
     return d
 
 
-def resolve_config(prepared_or_layout, *, device="cpu", activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, expert_mask=False, num_local_tokens=False) -> dict:
+def resolve_config(prepared_or_layout, *, device="cpu", activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, expert_mask=False, num_local_tokens=False, stage2_act_dtype="default", static_act_scales=False) -> dict:
     """What every launch of this configuration on `device` uses, for any M: the backend, the
     stage-1/stage-2 activation dtypes, the activation with its resolved alpha and limit (0.0 =
     no clamp) and the record's layouts; raises MoeplugError as `check_fused_moe` does. A CUDA
@@ -47,7 +47,7 @@ def resolve_config(prepared_or_layout, *, device="cpu", activation="silu", alpha
 
     lib = _library()
     _need_1_1(lib, "moeplug_resolve_config")
-    args, _keep = config_args(prepared_or_layout, activation, alpha, limit, act_dtype, router_weight_on_input, expert_mask, num_local_tokens)
+    args, _keep = config_args(prepared_or_layout, activation, alpha, limit, act_dtype, router_weight_on_input, expert_mask, num_local_tokens, stage2_act_dtype, static_act_scales)
     dev_type, dev_id = parse_device(device)
     out = _abi.ResolvedConfig()
     _check(lib.moeplug_resolve_config(c_int(dev_type, "device_type"), c_int(dev_id, "device_id"), ctypes.byref(args), ctypes.byref(out)))

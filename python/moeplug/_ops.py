@@ -304,12 +304,14 @@ def prepare_moe(w13, w2, *, weight_format, w13_scale=None, w2_scale=None, w13_bi
     return Prepared(layout=layout, **outs)
 
 
-def _fused_args(hidden_states, prepared, topk_weights, topk_ids, activation, alpha, limit, act_dtype, router_weight_on_input, expert_mask, num_local_tokens, out, hidden_scale, keep):
+def _fused_args(hidden_states, prepared, topk_weights, topk_ids, activation, alpha, limit, act_dtype, router_weight_on_input, expert_mask, num_local_tokens, out, hidden_scale, keep, stage2_act_dtype="default", stage1_act_scale=None, stage2_act_scale=None):
     from . import ACT_DTYPES, ACTIVATIONS
 
     tensors = {
         "hidden_states": hidden_states,
         "hidden_scale": hidden_scale,
+        "stage1_act_scale": stage1_act_scale,
+        "stage2_act_scale": stage2_act_scale,
         "w13": prepared.w13,
         "w13_scale": prepared.w13_scale,
         "w13_bias": prepared.w13_bias,
@@ -329,6 +331,7 @@ def _fused_args(hidden_states, prepared, topk_weights, topk_ids, activation, alp
         limit=float(limit),
         act_dtype=_enum(ACT_DTYPES, act_dtype, "act_dtype"),
         flags=_abi.MOE_FLAGS["router_weight_on_input"] if router_weight_on_input else 0,
+        stage2_act_dtype=_enum(ACT_DTYPES, stage2_act_dtype, "stage2_act_dtype"),
     )
     for k, v in tensors.items():
         d = describe(v, k, writable=(k == "output"))
@@ -337,8 +340,10 @@ def _fused_args(hidden_states, prepared, topk_weights, topk_ids, activation, alp
     return args
 
 
-def fused_moe(hidden_states, prepared, topk_weights, topk_ids, *, activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, expert_mask=None, num_local_tokens=None, hidden_scale=None, out=None, workspace=None, stream=None):
-    """out[t] = Σ_s w[t,s] · act(x_t W13[e]ᵀ + b13) W2[e]ᵀ + b2 (docs/abi.md §9); returns `out`."""
+def fused_moe(hidden_states, prepared, topk_weights, topk_ids, *, activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, expert_mask=None, num_local_tokens=None, hidden_scale=None, out=None, workspace=None, stream=None, stage2_act_dtype="default", stage1_act_scale=None, stage2_act_scale=None):
+    """out[t] = Σ_s w[t,s] · act(x_t W13[e]ᵀ + b13) W2[e]ᵀ + b2 (docs/abi.md §9); returns `out`.
+    `stage2_act_dtype` ("default": the stage-1 act dtype) and the static per-tensor fp8 scales
+    `stage1_act_scale` / `stage2_act_scale` (one f32 each) are the 1.1 fields of §9."""
     hidden_states = as_array(hidden_states)
     if not isinstance(prepared, Prepared):
         raise TypeError(f"fused_moe: prepared: expected the Prepared that prepare_moe returned, got {type(prepared).__name__}")
@@ -347,7 +352,8 @@ def fused_moe(hidden_states, prepared, topk_weights, topk_ids, *, activation="si
     if out is None:
         out = _empty_like(hidden_states, hidden_states.shape)
     keep = []
-    args = _fused_args(hidden_states, prepared, as_array(topk_weights), as_array(topk_ids), activation, alpha, limit, act_dtype, router_weight_on_input, as_array(expert_mask), as_array(num_local_tokens), out, as_array(hidden_scale), keep)
+    args = _fused_args(hidden_states, prepared, as_array(topk_weights), as_array(topk_ids), activation, alpha, limit, act_dtype, router_weight_on_input, as_array(expert_mask), as_array(num_local_tokens), out, as_array(hidden_scale), keep,
+                       stage2_act_dtype, as_array(stage1_act_scale), as_array(stage2_act_scale))
     args.stream = _stream_of(hidden_states, stream)
     if workspace is None:
         need = _workspace_bytes(args, as_launch=True)
@@ -372,7 +378,7 @@ def _workspace_bytes(args, as_launch=False) -> int:
     return need.value
 
 
-def fused_moe_workspace_size(hidden_states, prepared, topk_weights, topk_ids, *, activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, expert_mask=None, num_local_tokens=None, hidden_scale=None, out=None, **_ignored) -> int:
+def fused_moe_workspace_size(hidden_states, prepared, topk_weights, topk_ids, *, activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, expert_mask=None, num_local_tokens=None, hidden_scale=None, out=None, stage2_act_dtype="default", stage1_act_scale=None, stage2_act_scale=None, **_ignored) -> int:
     """Bytes of `workspace` that `fused_moe` with the same arguments needs (0: none), so a
     caller can allocate it once, e.g. before capturing a CUDA graph. `workspace` and `stream`
     may be passed and are ignored, so the same keyword arguments serve both calls."""
@@ -383,7 +389,8 @@ def fused_moe_workspace_size(hidden_states, prepared, topk_weights, topk_ids, *,
     if out is None:  # checked like the launch's (shape, dtype, no aliasing), never written
         out = _empty_like(hidden_states, hidden_states.shape)
     keep = []
-    args = _fused_args(hidden_states, prepared, as_array(topk_weights), as_array(topk_ids), activation, alpha, limit, act_dtype, router_weight_on_input, as_array(expert_mask), as_array(num_local_tokens), out, as_array(hidden_scale), keep)
+    args = _fused_args(hidden_states, prepared, as_array(topk_weights), as_array(topk_ids), activation, alpha, limit, act_dtype, router_weight_on_input, as_array(expert_mask), as_array(num_local_tokens), out, as_array(hidden_scale), keep,
+                       stage2_act_dtype, as_array(stage1_act_scale), as_array(stage2_act_scale))
     return _workspace_bytes(args)
 
 
@@ -395,16 +402,17 @@ def _byte_dtype(ref):
     return np.uint8
 
 
-def check_fused_moe(prepared_or_layout, *, device="cpu", activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, bias=None, expert_mask=False, num_local_tokens=False):
-    """Raise MoeplugError(UNSUPPORTED, reason) unless `device` can run this configuration."""
+def check_fused_moe(prepared_or_layout, *, device="cpu", activation="silu", alpha=0.0, limit=0.0, act_dtype="default", router_weight_on_input=False, bias=None, expert_mask=False, num_local_tokens=False, stage2_act_dtype="default", static_act_scales=False):
+    """Raise MoeplugError(UNSUPPORTED, reason) unless `device` can run this configuration
+    (`static_act_scales`: launches pass stage1_act_scale and stage2_act_scale)."""
     from . import parse_device
 
-    args, _keep = config_args(prepared_or_layout, activation, alpha, limit, act_dtype, router_weight_on_input, expert_mask, num_local_tokens)
+    args, _keep = config_args(prepared_or_layout, activation, alpha, limit, act_dtype, router_weight_on_input, expert_mask, num_local_tokens, stage2_act_dtype, static_act_scales)
     dev_type, dev_id = parse_device(device)
     _check(_lib().moeplug_check_fused_moe(c_int(dev_type, "device_type"), c_int(dev_id, "device_id"), ctypes.byref(args)))
 
 
-def config_args(prepared_or_layout, activation, alpha, limit, act_dtype, router_weight_on_input, expert_mask, num_local_tokens):
+def config_args(prepared_or_layout, activation, alpha, limit, act_dtype, router_weight_on_input, expert_mask, num_local_tokens, stage2_act_dtype="default", static_act_scales=False):
     """A launch's configuration without tensors (and what it points to, to keep alive)."""
     from . import ACT_DTYPES, ACTIVATIONS
 
@@ -417,7 +425,11 @@ def config_args(prepared_or_layout, activation, alpha, limit, act_dtype, router_
         limit=float(limit),
         act_dtype=_enum(ACT_DTYPES, act_dtype, "act_dtype"),
         flags=_abi.MOE_FLAGS["router_weight_on_input"] if router_weight_on_input else 0,
+        stage2_act_dtype=_enum(ACT_DTYPES, stage2_act_dtype, "stage2_act_dtype"),
     )
+    if static_act_scales:
+        args.stage1_act_scale = ctypes.pointer(dummy)
+        args.stage2_act_scale = ctypes.pointer(dummy)
     if expert_mask:
         args.expert_mask = ctypes.pointer(dummy)
     if num_local_tokens:
