@@ -238,6 +238,57 @@ __device__ __forceinline__ void wg_epilogue(const Params& p, int e, int n0, int 
   }
 }
 
+// fp8 partial sums (WG_FOLD) folded into the accumulators after each step; with block-128
+// scales (WG_KSCALE) times the step's scales of the thread's two rows (activations) and of its
+// two column halves (weights: one 128-row scale block each, columns start on multiples of 64).
+template <bool GATED>
+struct WgFold {
+#if WG_KSCALE
+  const float* xs;
+  const u8* S;
+  i64 srow0, srow1;
+  int ng, e, Rh0, Rh1, Nst, Kst;
+  bool okh0, okh1;
+  float a0, a1, w0, w1;  // the scales of the step being folded
+#endif
+  // rows[h]: the pair of accumulator row gid + 8 h; b_row0: the warpgroup's first weight row.
+  __device__ WgFold(const Params& p, int e_, int n0, int b_row0, const int rows[2]) {
+#if WG_KSCALE
+    xs = (const float*)(GATED ? p.xs : p.as);
+    S = (const u8*)(GATED ? p.w13_scale : p.w2_scale);
+    ng = GATED ? p.ng1 : p.ng2;
+    e = e_;
+    Nst = GATED ? 2 * p.Ip : p.Hp;
+    Kst = GATED ? p.Hp : p.Ip;
+    srow0 = rows[0] < 0 ? -1 : (GATED ? rows[0] / p.topk : rows[0]);
+    srow1 = rows[1] < 0 ? -1 : (GATED ? rows[1] / p.topk : rows[1]);
+    Rh0 = wg_row<GATED>(p, n0, b_row0, okh0);
+    Rh1 = wg_row<GATED>(p, n0, b_row0 + WG_N / 2, okh1);
+#endif
+  }
+  // Load step ks's scales (issued before the MMAs are waited for, to hide their latency).
+  __device__ __forceinline__ void scales(int ks) {
+#if WG_KSCALE
+    int k = ks * WG_KSTEP;
+    a0 = srow0 >= 0 ? xs[srow0 * ng + k / 128] : 0.0f;
+    a1 = srow1 >= 0 ? xs[srow1 * ng + k / 128] : 0.0f;
+    w0 = okh0 ? w_scale(S, e, Rh0, k, Nst, Kst) : 0.0f;
+    w1 = okh1 ? w_scale(S, e, Rh1, k, Nst, Kst) : 0.0f;
+#endif
+  }
+  __device__ __forceinline__ void fold(float* acc, const float* part) const {
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) {
+#if WG_KSCALE
+      float w = GATED && (i / 4) * 8 >= WG_N / 2 ? w1 : w0;  // up half of stage 1
+      acc[i] = fmaf(part[i], ((i & 2) ? a1 : a0) * w, acc[i]);
+#else
+      acc[i] += part[i];
+#endif
+    }
+  }
+};
+
 template <bool GATED>
 __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   extern __shared__ u8 wg_smem_raw[];
@@ -383,18 +434,9 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
 #if WG_FOLD
   float part[WG_ACC];
 #endif
-#if WG_KSCALE
-  // Rows of this thread's accumulators (activation scales) and the weight rows of its two
-  // column halves (one 128-row scale block each: columns start on multiples of 64).
-  int r0 = a_row0 + 16 * warp + gid;
-  int q0 = s_row[r0], q1 = s_row[r0 + 8];
-  const float* xs = (const float*)(GATED ? p.xs : p.as);
-  int ng = GATED ? p.ng1 : p.ng2;
-  i64 srow0 = q0 < 0 ? -1 : (GATED ? q0 / p.topk : q0);
-  i64 srow1 = q1 < 0 ? -1 : (GATED ? q1 / p.topk : q1);
-  bool okh0, okh1;
-  int Rh0 = wg_row<GATED>(p, n0, b_row0, okh0);
-  int Rh1 = wg_row<GATED>(p, n0, b_row0 + WG_N / 2, okh1);
+#if WG_FOLD
+  int fold_rows[2] = {s_row[a_row0 + 16 * warp + gid], s_row[a_row0 + 16 * warp + gid + 8]};
+  WgFold<GATED> folder(p, e, n0, b_row0, fold_rows);
 #endif
 
 #pragma unroll
@@ -427,23 +469,9 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wg_mma(part, wgmma_desc(sa + 32 * kk), wg_b_desc(sb, kk), kk > 0);
     wgmma_commit();
-#if WG_KSCALE
-    int k = ks * WG_KSTEP;
-    float a0 = srow0 >= 0 ? xs[srow0 * ng + k / 128] : 0.0f;
-    float a1 = srow1 >= 0 ? xs[srow1 * ng + k / 128] : 0.0f;
-    float w0 = okh0 ? w_scale(S, e, Rh0, k, Nst, Kst) : 0.0f;
-    float w1 = okh1 ? w_scale(S, e, Rh1, k, Nst, Kst) : 0.0f;
+    folder.scales(ks);
     wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < WG_ACC; ++i) {
-      float w = GATED && (i / 4) * 8 >= WG_N / 2 ? w1 : w0;  // up half of stage 1
-      acc[i] = fmaf(part[i], ((i & 2) ? a1 : a0) * w, acc[i]);
-    }
-#else
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < WG_ACC; ++i) acc[i] += part[i];
-#endif
+    folder.fold(acc, part);
 #else
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wg_mma(acc, wgmma_desc(sa + 32 * kk), wg_b_desc(sb, kk), 1);
@@ -580,16 +608,8 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
 #if WG_FOLD
     float part[WG_ACC];
 #endif
-#if WG_KSCALE
-    const u8* S = (const u8*)(GATED ? p.w13_scale : p.w2_scale);
-    int Kst = GATED ? p.Hp : p.Ip;
-    const float* xs = (const float*)(GATED ? p.xs : p.as);
-    int ng = GATED ? p.ng1 : p.ng2;
-    i64 srow0 = rows[0] < 0 ? -1 : (GATED ? rows[0] / p.topk : rows[0]);
-    i64 srow1 = rows[1] < 0 ? -1 : (GATED ? rows[1] / p.topk : rows[1]);
-    bool okh0, okh1;
-    int Rh0 = wg_row<GATED>(p, n0, 0, okh0);
-    int Rh1 = wg_row<GATED>(p, n0, WG_N / 2, okh1);
+#if WG_FOLD
+    WgFold<GATED> folder(p, e, n0, 0, rows);
 #endif
     for (int ks = 0; ks < nk; ++ks, ++it) {
       int st = it % WG_STAGES;
@@ -602,24 +622,10 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       for (int kk = 0; kk < 4; ++kk)
         wg_mma(part, wgmma_desc(sa + 32 * kk), wg_b_desc(sb, kk), kk > 0);
       wgmma_commit();
-#if WG_KSCALE
-      int k = ks * WG_KSTEP;
-      float a0 = srow0 >= 0 ? xs[srow0 * ng + k / 128] : 0.0f;
-      float a1 = srow1 >= 0 ? xs[srow1 * ng + k / 128] : 0.0f;
-      float w0 = okh0 ? w_scale(S, e, Rh0, k, Nst, Kst) : 0.0f;
-      float w1 = okh1 ? w_scale(S, e, Rh1, k, Nst, Kst) : 0.0f;
-#endif
+      folder.scales(ks);
       wgmma_wait<0>();
       if (lane == 0) mbar_arrive(empty0 + 8 * st);  // this warp is done with the stage
-#pragma unroll
-      for (int i = 0; i < WG_ACC; ++i) {
-#if WG_KSCALE
-        float ws = GATED && (i / 4) * 8 >= WG_N / 2 ? w1 : w0;  // up half of stage 1
-        acc[i] = fmaf(part[i], ((i & 2) ? a1 : a0) * ws, acc[i]);
-#else
-        acc[i] += part[i];
-#endif
-      }
+      folder.fold(acc, part);
 #else
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) wg_mma(acc, wgmma_desc(sa + 32 * kk), wg_b_desc(sb, kk), 1);
