@@ -127,6 +127,9 @@ fn bench(mxfp4: bool, m: usize, rng: &mut Rng) -> (Duration, f64) {
         intermediate_padded: I as i64,
         flags: 0,
         reserved0: 0,
+        act_dtype: 0,
+        reserved1: 0,
+        prep_fingerprint: 0,
     };
     let th = tensor(&mut hidden, &shapes[0], 4, 16);
     let tw13 = tensor(&mut w13, &shapes[1], w_code, w_bits);

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use moeplug::prep::parallel::{num_threads, parallel_chunks};
+use moeplug::prep::parallel::parallel_chunks;
 use moeplug::prep::prepare::{plan, prepare_host, PrepareInputs, PrepareOutputs, PrepareSpec};
 use moeplug::prep::scale;
 use moeplug::prep::shuffle::{plan_shuffle_weight, shuffle_weight, ShuffleWeightParams};
@@ -43,7 +43,7 @@ fn main() {
     println!(
         "moeplug prep bench: {} MiB weight, {} threads",
         bytes >> 20,
-        num_threads()
+        moeplug::runtime::threads::count()
     );
     let src: Vec<u8> = (0..bytes).map(|i| (i * 31 + i / 4096) as u8).collect();
     let mut dst = vec![1u8; bytes];
@@ -106,6 +106,7 @@ fn main() {
     let (h, i) = (8192usize, 2048usize);
     let spec = PrepareSpec {
         format: WeightFormat::Mxfp4,
+        target: None,
         gate_mode_in: GateMode::InterleaveRows,
         hidden_align: 0,
         intermediate_align: 0,
