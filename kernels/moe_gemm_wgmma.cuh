@@ -614,6 +614,9 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
     for (int ks = 0; ks < nk; ++ks, ++it) {
       int st = it % WG_STAGES;
       mbar_wait(full0 + 8 * st, (it / WG_STAGES) & 1);
+      // The producer's cp.async wrote the activations through the generic proxy; the barrier
+      // made them visible to this thread, the fence to its wgmma (the async proxy).
+      fence_proxy_async();
       u32 sa = base + (u32)st * WG_STAGE_BYTES + (u32)(a_row0 * WG_ROW);
       u32 sb = base + (u32)st * WG_STAGE_BYTES + WG_A_BYTES;
       wgmma_fence();
