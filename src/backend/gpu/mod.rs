@@ -170,6 +170,9 @@ pub struct GpuBackend {
     details: String,
     /// Multiprocessors: the grid of persistent kernels.
     compute_units: u32,
+    /// Device tensors are checked against the driver before launches and device prep
+    /// (`pointer`): the driver has the query and it passed its probe on this device.
+    check_pointers: bool,
 }
 // The primary context handle is shared by the driver across threads.
 unsafe impl Send for GpuBackend {}
@@ -327,6 +330,7 @@ impl GpuBackend {
             kernels: Mutex::new(HashMap::new()),
             selftest: selftest_run::SelfTest::unproven("not run yet"),
             compute_units: d.compute_units.max(1) as u32,
+            check_pointers: false,
             details: format!(
                 "{}, {} CUs, wave{}, {} KiB LDS per block",
                 d.target_id,
@@ -334,6 +338,19 @@ impl GpuBackend {
                 d.wave_size,
                 d.lds_bytes_per_block / 1024
             ),
+        };
+        b.check_pointers = {
+            let _ctx = b.enter()?;
+            pointer::probe(api, device_id).unwrap_or_else(|why| {
+                crate::runtime::log::emit(crate::runtime::log::Level::Warn, || {
+                    format!(
+                        "{}: device tensors will not be checked: the pointer query's answer \
+                         for a fresh allocation did not read as expected ({why})",
+                        b.label()
+                    )
+                });
+                false
+            })
         };
         // The first open of a device proves its kernels before anyone can launch them (HIP
         // included: an unvalidated backend either passes here or refuses).
@@ -545,7 +562,9 @@ impl GpuBackend {
         let ws = launch::workspace_ptr(l, plan)?;
         let _ctx = self.enter()?;
         // Every tensor the kernels may touch is memory of this device (one query each).
-        pointer::check_tensors(self.api, self.device_id, l.tensors())?;
+        if self.check_pointers {
+            pointer::check_tensors(self.api, self.device_id, l.tensors())?;
+        }
         // A driver without the TMA encoder runs the same family with per-thread copies.
         let has_tma = self.api.cuTensorMapEncodeTiled.is_some();
         let (mut spec, mut spec2) = (plan.spec.clone(), plan.spec2.clone());
@@ -694,7 +713,8 @@ pub fn describe() -> String {
         out.push_str(&format!("cuda:0 {}\n", g.selftest.line()));
     }
     if let Ok(api) = CUDA_API.as_ref() {
-        out.push_str(&pointer::describe(api));
+        let probed = open_device(Vendor::Cuda, 0).map(|g| g.check_pointers);
+        out.push_str(&pointer::describe(api, probed));
         // A cold compile of the default configuration, not read from or written to the cache.
         let defines = default_spec().defines();
         let start = std::time::Instant::now();

@@ -190,17 +190,54 @@ fn query(
     }))
 }
 
-/// One line for `moeplug info`: whether device tensors are checked.
-pub fn describe(api: &Api) -> String {
+/// Whether the driver's answers read on this device as [`judge`] expects: a buffer just
+/// allocated with the vendor's allocator must pass. `Err(why)` when it does not (a driver or
+/// ROCm numbering this module was not tested with): the caller then leaves device tensors
+/// unchecked on the device, with a warning, rather than refusing every launch. `Ok(false)`:
+/// the driver has no query. The device's context is current.
+pub fn probe(api: &Api, device_id: i32) -> std::result::Result<bool, String> {
+    let Some(f) = api.cuPointerGetAttributes else {
+        return Ok(false);
+    };
+    const BYTES: u64 = 4096;
+    let mut ptr: DevicePtr = 0;
+    // SAFETY: the allocator writes the address; freed below.
+    if unsafe { (api.cuMemAlloc)(&mut ptr, BYTES as usize) } != 0 {
+        return Ok(true); // nothing to probe with: keep the check (the launches will fail anyway)
+    }
+    let verdict = query(api, f, ptr)
+        .and_then(|a| {
+            judge(
+                api.vendor,
+                "probe buffer",
+                ptr,
+                BYTES,
+                device_id,
+                a.as_ref(),
+            )
+        })
+        .map_err(|e| e.message);
+    // SAFETY: `ptr` came from the allocator above.
+    unsafe { (api.cuMemFree)(ptr) };
+    verdict.map(|()| true)
+}
+
+/// One line for `moeplug info`: whether device tensors are checked (`probed`: the device's
+/// verdict from [`probe`], when it was opened).
+pub fn describe(api: &Api, probed: Option<bool>) -> String {
     let query = query_name(api.vendor);
-    match api.cuPointerGetAttributes {
-        Some(_) => {
-            format!("device tensors: checked before every launch ({query}, one per tensor)\n")
-        }
-        None => format!(
+    match (api.cuPointerGetAttributes, probed) {
+        (None, _) => format!(
             "device tensors: NOT checked ({} has no {query})\n",
             api.driver_library
         ),
+        (Some(_), Some(false)) => format!(
+            "device tensors: NOT checked ({query} did not pass its probe on this device: see \
+             the warning logged at open)\n"
+        ),
+        (Some(_), _) => {
+            format!("device tensors: checked before every launch ({query}, one per tensor)\n")
+        }
     }
 }
 
