@@ -185,6 +185,17 @@ __device__ __forceinline__ float w_scale(const u8* S, int e, int R, int k, int N
 #endif
 }
 
+// The weight scale a GEMM epilogue applies to the sums of weight row R: the fp8 per-tensor /
+// per-channel scale (constant along K), 1 for every format whose scales vary along K (applied
+// in the main loop or by the decode) or that has none.
+__device__ __forceinline__ float epi_w_scale(const u8* S, int e, int R, int Nst, int Kst) {
+#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
+  return w_scale(S, e, R, 0, Nst, Kst);
+#else
+  return 1.0f;
+#endif
+}
+
 // Physical w13 row of logical gate row i (up = gate + 1 half); without a gated activation
 // up row i is row i.
 __device__ __forceinline__ int gate_row(int i, int Ip) {

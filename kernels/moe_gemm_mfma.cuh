@@ -418,13 +418,8 @@ __device__ void moe_gemm_mfma(const Params& p) {
         int col = n0 + wave * 16 + li;
         if (col >= p.I) continue;
         float g = acc[mt][0][c], u = acc[mt][1][c];
-#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
-        g = g * sa * w_scale(S, e, gate_row(col, p.Ip), 0, Nst, Kst);
-        u = u * sa * w_scale(S, e, up_row(col, p.Ip), 0, Nst, Kst);
-#else
-        g *= sa;
-        u *= sa;
-#endif
+        g = g * sa * epi_w_scale(S, e, gate_row(col, p.Ip), Nst, Kst);
+        u = u * sa * epi_w_scale(S, e, up_row(col, p.Ip), Nst, Kst);
         store_gated(p, e, q, col, g, u, w);
       } else {
 #pragma unroll
@@ -432,9 +427,7 @@ __device__ void moe_gemm_mfma(const Params& p) {
           int col = n0 + mf_brow<false>(wave, nt) + li;
           if (col >= p.H) continue;
           float v = acc[mt][nt][c] * sa;
-#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
-          v *= w_scale(S, e, col, 0, Nst, Kst);
-#endif
+          v *= epi_w_scale(S, e, col, Nst, Kst);
           store_down(p, e, q, col, v, w);
         }
       }

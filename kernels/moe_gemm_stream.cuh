@@ -417,10 +417,8 @@ __device__ void moe_gemm_stream(const Params& p) {
       int col = grp * 16 + r;
       if (col >= p.I) continue;
       float g1 = v[0] * sa, u = v[1] * sa;
-#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
-      g1 *= w_scale(S, e, gate_row(col, p.Ip), 0, Nst, Kst);
-      u *= w_scale(S, e, up_row(col, p.Ip), 0, Nst, Kst);
-#endif
+      g1 *= epi_w_scale(S, e, gate_row(col, p.Ip), Nst, Kst);
+      u *= epi_w_scale(S, e, up_row(col, p.Ip), Nst, Kst);
       store_gated(p, e, q, col, g1, u, wt);
     } else {
 #pragma unroll
@@ -428,9 +426,7 @@ __device__ void moe_gemm_stream(const Params& p) {
         int col = grp * 32 + 16 * t + r;
         if (col >= (S1 ? p.I : p.H)) continue;
         float y = v[t] * sa;
-#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
-        y *= w_scale(S, e, S1 ? up_row(col, p.Ip) : col, 0, Nst, Kst);
-#endif
+        y *= epi_w_scale(S, e, S1 ? up_row(col, p.Ip) : col, Nst, Kst);
         if (S1)  // not gated: the up output
           store_gated(p, e, q, col, 0.0f, y, wt);
         else

@@ -376,13 +376,8 @@ __device__ void moe_gemm_tc(const Params& p) {
         int col = n0 + warp * 8 + 2 * tig + (c & 1);
         if (col >= p.I) continue;
         float g = acc[mt][0][c], u = acc[mt][1][c];
-#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
-        g = g * sa * w_scale(S, e, gate_row(col, p.Ip), 0, Nst, Kst);
-        u = u * sa * w_scale(S, e, up_row(col, p.Ip), 0, Nst, Kst);
-#else
-        g *= sa;
-        u *= sa;
-#endif
+        g = g * sa * epi_w_scale(S, e, gate_row(col, p.Ip), Nst, Kst);
+        u = u * sa * epi_w_scale(S, e, up_row(col, p.Ip), Nst, Kst);
         store_gated(p, e, q, col, g, u, w);
       } else {
 #pragma unroll
@@ -390,9 +385,7 @@ __device__ void moe_gemm_tc(const Params& p) {
           int col = n0 + warp * 16 + nt * 8 + 2 * tig + (c & 1);
           if (col >= (S1 ? p.I : p.H)) continue;
           float v = acc[mt][nt][c] * sa;
-#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
-          v *= w_scale(S, e, S1 ? up_row(col, p.Ip) : col, 0, Nst, Kst);
-#endif
+          v *= epi_w_scale(S, e, S1 ? up_row(col, p.Ip) : col, Nst, Kst);
           if (S1)  // not gated: the up output
             store_gated(p, e, q, col, 0.0f, v, w);
           else

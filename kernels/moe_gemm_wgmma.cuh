@@ -212,13 +212,8 @@ __device__ __forceinline__ void wg_epilogue(const Params& p, int e, int n0, int 
           int col = n0 + (b_row0 / 2) + 8 * j + 2 * tig + c;
           if (col >= p.I) continue;
           float g = acc[4 * j + 2 * h + c], u = acc[4 * (j + WG_N / 16) + 2 * h + c];
-#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
-          g = g * sa * w_scale(S, e, gate_row(col, p.Ip), 0, Nst, Kst);
-          u = u * sa * w_scale(S, e, up_row(col, p.Ip), 0, Nst, Kst);
-#else
-          g *= sa;
-          u *= sa;
-#endif
+          g = g * sa * epi_w_scale(S, e, gate_row(col, p.Ip), Nst, Kst);
+          u = u * sa * epi_w_scale(S, e, up_row(col, p.Ip), Nst, Kst);
           store_gated(p, e, q, col, g, u, w);
         }
     } else {
@@ -229,9 +224,7 @@ __device__ __forceinline__ void wg_epilogue(const Params& p, int e, int n0, int 
           int col = n0 + b_row0 + 8 * j + 2 * tig + c;
           if (col >= p.H) continue;
           float v = acc[4 * j + 2 * h + c] * sa;
-#if WFMT == WF_FP8_PER_TENSOR || WFMT == WF_FP8_PER_CHANNEL
-          v *= w_scale(S, e, col, 0, Nst, Kst);
-#endif
+          v *= epi_w_scale(S, e, col, Nst, Kst);
           store_down(p, e, q, col, v, w);
         }
     }

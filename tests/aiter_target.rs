@@ -8,6 +8,7 @@ mod common;
 
 use common::*;
 use moeplug::capi::types::*;
+use moeplug::capi::{moeplug_aiter_args, moeplug_check_fused_moe, moeplug_resolve_config};
 use moeplug::prep::maps::w13_source_row;
 use moeplug::types::GateMode;
 
@@ -18,25 +19,6 @@ const A8W4: i32 = 2;
 const A16W4_INTERLEAVE: i32 = 4;
 const TRITON_A16W4: i32 = 5;
 const AITER_TARGET_FLAG: u32 = 2;
-
-extern "C" {
-    fn moeplug_check_fused_moe(
-        device_type: i32,
-        device_id: i32,
-        args: *const moeplug_fused_moe_args,
-    ) -> moeplug_status;
-    fn moeplug_aiter_args(
-        record: *const moeplug_layout,
-        activation: i32,
-        out: *mut moeplug_aiter_args_out,
-    ) -> moeplug_status;
-    fn moeplug_resolve_config(
-        device_type: i32,
-        device_id: i32,
-        args: *const moeplug_fused_moe_args,
-        out: *mut moeplug_resolved_config,
-    ) -> moeplug_status;
-}
 
 /// A checkpoint input: bytes, torch dtype, shape.
 struct In {

@@ -6,16 +6,9 @@
 mod common;
 use common::*;
 use moeplug::capi::types::*;
-use moeplug::capi::{moeplug_check_fused_moe, moeplug_get_caps, moeplug_last_error};
-
-extern "C" {
-    fn moeplug_resolve_config(
-        device_type: i32,
-        device_id: i32,
-        args: *const moeplug_fused_moe_args,
-        out: *mut moeplug_resolved_config,
-    ) -> moeplug_status;
-}
+use moeplug::capi::{
+    moeplug_check_fused_moe, moeplug_get_caps, moeplug_last_error, moeplug_resolve_config,
+};
 use moeplug::moe::actquant::{quantize_row, Fp8Kind};
 use moeplug::types::ActDtype;
 

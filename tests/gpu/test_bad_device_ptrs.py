@@ -145,32 +145,33 @@ def not_known(call, name, addr):
             "there: freed, never allocated, or pageable host memory), but the tensor is labelled cuda:0")
 
 
-def test_pageable_host_memory_labelled_cuda(layer):
+def assert_launch_refused(layer, name, addr, message):
+    """fused_moe with tensor `name` at `addr`: refused with `message`, the output untouched,
+    and the next good launch unharmed."""
     st, expected = layer
-    host = st["tensors"]["w13"].cpu()
-    args, out = args_with(st, "w13", host.data_ptr())
-    assert refused(args) == not_known("moeplug_fused_moe", "w13", host.data_ptr())
+    args, out = args_with(st, name, addr)
+    assert refused(args) == message
     assert_poisoned(out)
     assert_still_runs(st, expected)
+
+
+def test_pageable_host_memory_labelled_cuda(layer):
+    host = layer[0]["tensors"]["w13"].cpu()
+    assert_launch_refused(layer, "w13", host.data_ptr(),
+                          not_known("moeplug_fused_moe", "w13", host.data_ptr()))
 
 
 def test_pinned_host_memory_labelled_cuda(layer):
-    st, expected = layer
-    pinned = st["tensors"]["topk_ids"].cpu().pin_memory()
-    args, out = args_with(st, "topk_ids", pinned.data_ptr())
-    assert refused(args) == (f"moeplug_fused_moe: topk_ids: address {pinned.data_ptr():#x} is "
-                             f"page-locked host memory ({QUERY}), not device or managed memory of cuda:0")
-    assert_poisoned(out)
-    assert_still_runs(st, expected)
+    pinned = layer[0]["tensors"]["topk_ids"].cpu().pin_memory()
+    assert_launch_refused(layer, "topk_ids", pinned.data_ptr(),
+                          f"moeplug_fused_moe: topk_ids: address {pinned.data_ptr():#x} is "
+                          f"page-locked host memory ({QUERY}), not device or managed memory of cuda:0")
 
 
 @pytest.mark.parametrize("addr", [0x1000, 1 << 52], ids=["first_page", "2^52"])
 def test_unmapped_address(layer, addr):
-    st, expected = layer
-    args, out = args_with(st, "hidden_states", addr)
-    assert refused(args) == not_known("moeplug_fused_moe", "hidden_states", addr)
-    assert_poisoned(out)
-    assert_still_runs(st, expected)
+    assert_launch_refused(layer, "hidden_states", addr,
+                          not_known("moeplug_fused_moe", "hidden_states", addr))
 
 
 def test_freed_buffer(layer, drv):
@@ -245,13 +246,10 @@ def test_managed_memory_is_accepted(layer, drv):
 def test_memory_of_another_device(layer):
     if torch.cuda.device_count() < 2:
         pytest.skip("one GPU: no memory of another device to pass")
-    st, expected = layer
-    other = st["tensors"]["w13"].to("cuda:1")
-    args, out = args_with(st, "w13", other.data_ptr())
-    assert refused(args) == (f"moeplug_fused_moe: w13: address {other.data_ptr():#x} is device "
-                             f"memory of cuda:1 ({QUERY}), but the call runs on cuda:0")
-    assert_poisoned(out)
-    assert_still_runs(st, expected)
+    other = layer[0]["tensors"]["w13"].to("cuda:1")
+    assert_launch_refused(layer, "w13", other.data_ptr(),
+                          f"moeplug_fused_moe: w13: address {other.data_ptr():#x} is device "
+                          f"memory of cuda:1 ({QUERY}), but the call runs on cuda:0")
 
 
 def test_refused_inside_a_graph_capture(layer):

@@ -390,22 +390,23 @@ pub fn spec_for(
         }
     }
     if family == Family::Wgmma {
-        let mut tuned = spec.clone();
-        tuned.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(tuned.wgmma_n);
-        tuned.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(tuned.wgmma_bm);
-        tuned.wgmma_blocks = WGMMA_BLOCKS_PREFERENCE.unwrap_or(tuned.wgmma_blocks);
-        if wgmma_spec_unsupported(90, &tuned).is_none() {
-            spec = tuned;
-        }
-        let mut tma = spec.clone();
-        tma.wgmma_tma = WGMMA_TMA_PREFERENCE.map_or(true, |v| v == 1);
-        if wgmma_spec_unsupported(90, &tma).is_none() {
-            spec = tma;
-        }
-        let mut ws = spec.clone();
-        ws.wgmma_ws = WGMMA_WS_PREFERENCE.map_or(true, |v| v == 1);
-        if wgmma_spec_unsupported(90, &ws).is_none() {
-            spec = ws;
+        // Each step (the diagnostic shape, then TMA, then warp specialisation) is taken only
+        // where the family covers the result.
+        let steps: [fn(&mut KernelSpec); 3] = [
+            |s| {
+                s.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(s.wgmma_n);
+                s.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(s.wgmma_bm);
+                s.wgmma_blocks = WGMMA_BLOCKS_PREFERENCE.unwrap_or(s.wgmma_blocks);
+            },
+            |s| s.wgmma_tma = WGMMA_TMA_PREFERENCE.map_or(true, |v| v == 1),
+            |s| s.wgmma_ws = WGMMA_WS_PREFERENCE.map_or(true, |v| v == 1),
+        ];
+        for step in steps {
+            let mut next = spec.clone();
+            step(&mut next);
+            if wgmma_spec_unsupported(90, &next).is_none() {
+                spec = next;
+            }
         }
     }
     Ok(spec)

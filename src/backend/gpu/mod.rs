@@ -553,6 +553,15 @@ impl Backend for GpuBackend {
 }
 
 impl GpuBackend {
+    /// `spec` as this driver can run it: without the TMA encoder the wgmma family copies its
+    /// weight tiles per thread (and so without its warp-specialised kernel, which needs TMA).
+    fn for_driver(&self, spec: &spec::KernelSpec) -> spec::KernelSpec {
+        let mut s = spec.clone();
+        s.wgmma_tma &= self.api.cuTensorMapEncodeTiled.is_some();
+        s.wgmma_ws &= s.wgmma_tma;
+        s
+    }
+
     /// The kernels of a planned launch on the launch's stream (the plan's family, chosen by the
     /// heuristics or forced by the self-test).
     fn run_plan(&self, l: &MoeLaunch, plan: &launch::Plan) -> Result<()> {
@@ -565,13 +574,7 @@ impl GpuBackend {
         if self.check_pointers {
             pointer::check_tensors(self.api, self.device_id, l.tensors())?;
         }
-        // A driver without the TMA encoder runs the same family with per-thread copies.
-        let has_tma = self.api.cuTensorMapEncodeTiled.is_some();
-        let (mut spec, mut spec2) = (plan.spec.clone(), plan.spec2.clone());
-        spec.wgmma_tma &= has_tma;
-        spec2.wgmma_tma &= has_tma;
-        spec.wgmma_ws &= spec.wgmma_tma;
-        spec2.wgmma_ws &= spec2.wgmma_tma;
+        let (spec, spec2) = (self.for_driver(&plan.spec), self.for_driver(&plan.spec2));
         let k = self.kernels(&spec)?;
         // Stage 2 from the module of its own act dtype (the same module when it is the same).
         let k2 = self.kernels(&spec2)?;
