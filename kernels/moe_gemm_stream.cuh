@@ -442,6 +442,17 @@ __device__ void moe_gemm_stream(const Params& p) {
 }
 
 // Two blocks per SM (16 warps) keep enough weight bytes in flight (the compile check fails on
-// any spill this cap would cause).
-MP_KERNEL void __launch_bounds__(THREADS, 2) moe_stage1(Params p) { moe_gemm_stream<true>(p); }
-MP_KERNEL void __launch_bounds__(THREADS, 2) moe_stage2(Params p) { moe_gemm_stream<false>(p); }
+// any spill this cap would cause). 32-row tiles hold twice the accumulators and activation
+// packs: under the two-block cap (128 registers) the fp8 paths spill 0.7-0.9 KiB, so they get
+// one block per SM (an experiment, MOEPLUG_STREAM_BM=32: heuristics.rs).
+#if BM == 16
+#define SW_MIN_BLOCKS 2
+#else
+#define SW_MIN_BLOCKS 1
+#endif
+MP_KERNEL void __launch_bounds__(THREADS, SW_MIN_BLOCKS) moe_stage1(Params p) {
+  moe_gemm_stream<true>(p);
+}
+MP_KERNEL void __launch_bounds__(THREADS, SW_MIN_BLOCKS) moe_stage2(Params p) {
+  moe_gemm_stream<false>(p);
+}

@@ -17,7 +17,7 @@
 #   hip   for each arch, the first MFMA configuration of every (weight format, act dtype, fp16
 #         activations, fnuz, weight layout), so every operand path (fp8 MFMA, f16, bf16 with
 #         and without the hi/lo split) and every scale folding is run;
-#   cuda  the first configuration of every (family, weight format, act dtype, fp16
+#   cuda  the first configuration of every (family, tile rows, weight format, act dtype, fp16
 #         activations, stream's K splits) among those of the mma.sync families (tile32,
 #         stream) the heuristics can select on the archs (--emulate), with the block columns
 #         and threads of the host's spec.
@@ -134,15 +134,15 @@ select_hip() {
   done
 }
 select_cuda() {
-  # The first configuration of every (family, weight format, act dtype, fp16 activations;
-  # stream: and its K splits): the list rotates the other options (activation, gate mode,
+  # The first configuration of every (family, tile rows, weight format, act dtype, fp16
+  # activations; stream: and its K splits): the list rotates the other options (activation, gate mode,
   # layouts, bias, mask, fp16 output) over them.
   declare -A seen
   local kind arch family defines twin key d
   while IFS=$'\t' read -r kind arch family defines twin; do
     [ "$kind" = emulate ] || continue
     key=$family
-    for d in WFMT ACT_Q ACT_F16 SW_KW1 SW_KW2; do
+    for d in BM WFMT ACT_Q ACT_F16 SW_KW1 SW_KW2; do
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
     [ -z "${seen[$key]+x}" ] || continue

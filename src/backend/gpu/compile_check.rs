@@ -4,7 +4,7 @@
 //! (activation, biases, router weight on input, mask, fp16 in/out, fnuz) rotated so that
 //! every value of each option is compiled in every family.
 
-use super::heuristics::selectable;
+use super::heuristics::{selectable, STREAM_TILE_ROWS};
 use super::spec::{Family, KernelSpec};
 use crate::types::{ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
@@ -63,6 +63,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 fp8_fnuz: fp8 && bit(5),
                                 // every split the heuristics can pick, rotated over stages
                                 split_k: [[8, 4, 2, 1][n % 4], [8, 4, 2, 1][(n / 4) % 4]],
+                                stream_bm: STREAM_TILE_ROWS[(n / 16) % 2],
                                 // both tile heights and widths meet every format
                                 wgmma_n: [128, 256][chosen % 2],
                                 wgmma_bm: [128, 64][(chosen / 2) % 2],

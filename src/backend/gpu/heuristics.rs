@@ -65,6 +65,15 @@ static SPLIT_K_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| {
         .filter(|kw| [1, 2, 4, 8].contains(kw))
 });
 
+/// `MOEPLUG_STREAM_BM=16|32`: the stream family's sorted rows per tile (benchmarks). 16, the
+/// default, was the only height measured on the H200; 32 reads an expert's weights once for
+/// up to 32 pairs instead of once per 16 (the Qwen3 M=256 points, 16 pairs per expert on
+/// average, bench/NOTES.md), at twice the accumulators per warp.
+static STREAM_BM_PREFERENCE: Lazy<Option<u32>> =
+    Lazy::new(|| env_choice("MOEPLUG_STREAM_BM").filter(|bm| STREAM_TILE_ROWS.contains(bm)));
+/// The stream family's tile heights (`BM`).
+pub const STREAM_TILE_ROWS: [u32; 2] = [16, 32];
+
 /// `MOEPLUG_FUSED_COMBINE=0|1`: a diagnostic switch of the fused top-k combine (A/B on a
 /// device); 1, like unset, fuses it where the family covers it, 0 launches `moe_reduce`.
 static FUSED_COMBINE_PREFERENCE: Lazy<Option<bool>> = Lazy::new(|| {
@@ -388,6 +397,7 @@ pub fn spec_for(
         if let Some(kw) = *SPLIT_K_PREFERENCE {
             spec.split_k = [kw, kw];
         }
+        spec.stream_bm = STREAM_BM_PREFERENCE.unwrap_or(STREAM_TILE_ROWS[0]);
     }
     if family == Family::Wgmma {
         // Each step (the diagnostic shape, then TMA, then warp specialisation) is taken only

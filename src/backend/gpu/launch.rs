@@ -199,13 +199,13 @@ pub fn plan(launch: &MoeLaunch, shape: &LaunchShape, spec: KernelSpec) -> Result
     let pairs = m * topk;
     let tiles_of = |rows: usize| pairs.div_ceil(rows) + e.min(pairs);
     let max_tiles = tiles_of(spec.tile_rows());
+    // Sized for every family's tiles, so one workspace size fits whichever the device picks.
     let (most_tiles, most_rows) = Family::ALL
         .iter()
         .map(|f| {
-            (
-                tiles_of(f.tile_rows()),
-                tiles_of(f.tile_rows()) * f.tile_rows(),
-            )
+            let (fewest, most) = f.tile_rows_range();
+            let rows = (tiles_of(fewest) * fewest).max(tiles_of(most) * most);
+            (tiles_of(fewest), rows)
         })
         .fold((0, 0), |(t, r), (ft, fr)| (t.max(ft), r.max(fr)));
     let acts = [c.act_dtype, c.stage2_act_dtype];

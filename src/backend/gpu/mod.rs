@@ -765,6 +765,7 @@ fn default_spec() -> spec::KernelSpec {
         has_mask: false,
         fp8_fnuz: false,
         split_k: [8, 8],
+        stream_bm: 16,
         wgmma_n: 128,
         wgmma_bm: 128,
         wgmma_blocks: 1,

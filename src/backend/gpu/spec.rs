@@ -48,13 +48,13 @@ impl Family {
         Family::ALL.into_iter().find(|f| f.name() == name)
     }
 
-    /// The most rows (token, slot pairs) per sorted tile of the family (workspace sizing; a
-    /// spec's own is [`KernelSpec::tile_rows`]).
-    pub fn tile_rows(self) -> usize {
+    /// The rows (token, slot pairs) per sorted tile a spec of the family may have, fewest
+    /// and most (workspace sizing; a spec's own is [`KernelSpec::tile_rows`]).
+    pub fn tile_rows_range(self) -> (usize, usize) {
         match self {
-            Family::Stream => 16,
-            Family::Fp32 | Family::Tile32 | Family::Mfma => 32,
-            Family::Wgmma => 128,
+            Family::Stream => (16, 32),
+            Family::Fp32 | Family::Tile32 | Family::Mfma => (32, 32),
+            Family::Wgmma => (64, 128),
         }
     }
 }
@@ -134,6 +134,9 @@ pub struct KernelSpec {
     /// Stream family: warps (of 8) splitting K in stage 1 and stage 2 (`SW_KW1`, `SW_KW2`);
     /// the block holds 8 / kw row groups. Unused by the other families.
     pub split_k: [u32; 2],
+    /// Stream family: sorted rows per tile (`BM`, 16 or 32: two or four 8-token column tiles
+    /// against each weight step). Unused by the others.
+    pub stream_bm: u32,
     /// Wgmma family: weight rows per warpgroup MMA (`WG_N`, 128 or 256) and sorted rows per
     /// tile (`BM`, 64 or 128). Unused by the others.
     pub wgmma_n: u32,
@@ -171,6 +174,7 @@ impl KernelSpec {
             has_mask: launch.expert_mask.is_some(),
             fp8_fnuz: launch.w13.elem == ElemType::Fp8E4m3fnuz,
             split_k: [8, 8],
+            stream_bm: 16,
             wgmma_n: 128,
             wgmma_bm: 128,
             wgmma_blocks: 1,
@@ -238,7 +242,8 @@ impl KernelSpec {
     pub fn tile_rows(&self) -> usize {
         match self.family {
             Family::Wgmma => self.wgmma_bm as usize,
-            f => f.tile_rows(),
+            Family::Stream => self.stream_bm as usize,
+            f => f.tile_rows_range().0,
         }
     }
 
