@@ -62,6 +62,7 @@ __device__ void moe_gemm(const Params& p) {
       }
       As[kk][r] = v;
     }
+#pragma unroll 1
     for (int idx = tid; idx < (GATED ? 2 : 1) * BN * BK; idx += THREADS) {
       int c = idx / BK, kk = idx % BK, k = k0 + kk;
       int half = c / BN, col = n0 + c % BN;
@@ -88,10 +89,14 @@ __device__ void moe_gemm(const Params& p) {
     __syncthreads();
   }
 
+  // Unrolled so that acc is indexed by constants and stays in registers (a rolled loop
+  // put it on the stack for some epilogues on sm_90).
+#pragma unroll
   for (int i = 0; i < 2; ++i) {
     int q = s_row[2 * ty + i];
     if (q < 0) continue;
     float w = ((const float*)p.topk_weights)[q];
+#pragma unroll
     for (int j = 0; j < 4; ++j) {
       int col = n0 + 4 * tx + j;
       if (col >= Ncols) continue;

@@ -107,11 +107,13 @@ def tensor_entry(out_dir, case, role, name, t):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--aiter", required=True, help="AITER checkout or bare git dir")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "../tests/golden"))
+    ap.add_argument(
+        "--out", default=os.path.join(os.path.dirname(__file__), "../tests/golden")
+    )
     args = ap.parse_args()
     commit, sources = aiter_sources(args.aiter)
     int4_utils, shuffle = load_aiter(sources)
-    up = lambda f: f"{f}@{commit}"  # noqa: E731
+    up = lambda f: f"{f}@{commit}"
 
     g = torch.Generator().manual_seed(11)
     cases = []
@@ -154,17 +156,31 @@ def main():
         "nibble permutation inside each uint32",
     )
 
-    # The whole a8w4 int4 weight preparation of op_tests/test_moe_2stage.py, int8 values in
-    # [-8, 7] (AITER's quantizer writes [-7, 7]).
-    for name, (e, n, k) in [("a8w4_int4_weight", (2, 32, 64)), ("a8w4_int4_weight_k96", (1, 16, 96))]:
-        w = torch.randint(-8, 8, (e, n, k), generator=g, dtype=torch.int8)
+    # The whole a8w4 int4 weight preparation of op_tests/test_moe_2stage.py for one w13
+    # [E, 2I, H] and one w2 [E, H, I] (E 2, H 96, I 32: no padding for prepare_moe), int8
+    # values in [-8, 7] (AITER's quantizer writes [-7, 7]); "words" is the same without the
+    # shuffle (moeplug's plain storage, and its packed checkpoint input).
+    for part, shape in [("w13", (2, 64, 96)), ("w2", (2, 96, 32))]:
+        w = torch.randint(-8, 8, shape, generator=g, dtype=torch.int8)
+        words = int4_utils.rearrange_4bit_elements(
+            int4_utils.convert_int8_to_uint32_int4(w)
+        )
+        case(
+            f"a8w4_int4_words_{part}",
+            "aiter.int4_utils.rearrange_4bit_elements(aiter.int4_utils.convert_int8_to_uint32_int4(x))",
+            "aiter/int4_utils.py",
+            {},
+            [("x", w)],
+            words,
+            "the uint32 packing alone (no shuffle)",
+        )
         out = int4_utils.rearrange_4bit_elements(
             int4_utils.convert_int8_to_uint32_int4(
                 shuffle.shuffle_weight(w, (16, 16), use_int4=True)
             )
         )
         case(
-            name,
+            f"a8w4_int4_weight_{part}",
             "aiter.int4_utils.rearrange_4bit_elements(aiter.int4_utils.convert_int8_to_uint32_int4("
             "aiter.ops.shuffle.shuffle_weight(x, (16, 16), use_int4=True)))",
             "aiter/ops/shuffle.py",
@@ -176,16 +192,17 @@ def main():
 
     # The scales: test_moe_2stage.py passes pertoken_quant's fp32 [E, N, 1] through
     # e8m0_shuffle = shuffle_scale, which returns fp32 unchanged.
-    s = torch.rand((2, 32, 1), generator=g, dtype=torch.float32) / 7
-    case(
-        "shuffle_scale_fp32",
-        "aiter.ops.shuffle.shuffle_scale",
-        "aiter/ops/shuffle.py",
-        {},
-        [("scale", s)],
-        shuffle.shuffle_scale(s),
-        "fp32 per-row scales [E, N, 1] come back unchanged",
-    )
+    for part, rows in [("w13", 64), ("w2", 96)]:
+        s = torch.rand((2, rows, 1), generator=g, dtype=torch.float32) / 7
+        case(
+            f"shuffle_scale_fp32_{part}",
+            "aiter.ops.shuffle.shuffle_scale",
+            "aiter/ops/shuffle.py",
+            {},
+            [("scale", s)],
+            shuffle.shuffle_scale(s),
+            "fp32 per-row scales [E, N, 1] come back unchanged",
+        )
 
     manifest = {
         "generator": "scripts/gen_golden_int4.py",

@@ -239,6 +239,11 @@ pub fn check_record(l: &Layout) -> Result<()> {
             "weight_layout aiter_16x16 of int4_group32 shuffles the int8-held values in 16-row \
              tiles 32 values wide"
                 .to_string()
+        } else if f == WeightFormat::Int4PerChannel {
+            // use_int4: F1 of the int8-held values in 32-value packs, one uint32 pack each.
+            "weight_layout aiter_16x16 of int4_per_channel shuffles the int8-held values in \
+             16-row tiles of 32-value packs (use_int4)"
+                .to_string()
         } else {
             format!(
                 "weight_layout aiter_16x16 reads 16-row tiles of 16-byte packs ({pack} {} values)",
