@@ -62,7 +62,6 @@ __device__ void moe_gemm(const Params& p) {
       }
       As[kk][r] = v;
     }
-#pragma unroll 1
     for (int idx = tid; idx < (GATED ? 2 : 1) * BN * BK; idx += THREADS) {
       int c = idx / BK, kk = idx % BK, k = k0 + kk;
       int half = c / BN, col = n0 + c % BN;
@@ -90,7 +89,7 @@ __device__ void moe_gemm(const Params& p) {
   }
 
   // Unrolled so that acc is indexed by constants and stays in registers (a rolled loop
-  // put it on the stack for some epilogues on sm_90).
+  // put it on the stack for some epilogues).
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     int q = s_row[2 * ty + i];
@@ -110,5 +109,7 @@ __device__ void moe_gemm(const Params& p) {
   if (!S1) combine_arrive(p, s_row, n0, BN);
 }
 
-MP_KERNEL void __launch_bounds__(THREADS) moe_stage1(Params p) { moe_gemm<true>(p); }
-MP_KERNEL void __launch_bounds__(THREADS) moe_stage2(Params p) { moe_gemm<false>(p); }
+// At least one block per SM, so ptxas may use the registers it needs: with THREADS alone it
+// aimed at an occupancy and spilled (int4 decodes on sm_80 / sm_90, 40-48 registers).
+MP_KERNEL void __launch_bounds__(THREADS, 1) moe_stage1(Params p) { moe_gemm<true>(p); }
+MP_KERNEL void __launch_bounds__(THREADS, 1) moe_stage2(Params p) { moe_gemm<false>(p); }

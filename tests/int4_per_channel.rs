@@ -326,6 +326,24 @@ fn prepare_moe_refusals() {
         Status::InvalidArgument,
         "out_w13: expected dtype uint32 (like w13), got int32",
     );
+    // H = 36 is not a whole number of words.
+    let (h36, i36) = (36usize, 32usize);
+    fails(
+        prepare(
+            ElemType::I8,
+            ElemType::U32,
+            &vec![0u8; 2 * i36 * h36],
+            &vec![0u8; h36 * i36],
+            &s13,
+            &vec![0u8; h36 * 4],
+            e,
+            h36,
+            i36,
+        ),
+        Status::InvalidArgument,
+        "w13: int4_per_channel needs H and I multiples of 8 (eight values per uint32 word), got \
+         H = 36, I = 32",
+    );
     fails(
         prepare(ElemType::U8, ElemType::U8, &w13w, &w2w, &s13, &s2, e, h, i),
         Status::InvalidArgument,
@@ -485,4 +503,53 @@ fn aiter_args_of_an_int4_per_channel_record() {
              int4_per_channel) takes fp8_per_token activations only, got bf16"
         )
     );
+}
+
+/// moeplug_resolve_config: DEFAULT is fp8_per_token on both stages, on the CPU and on CUDA
+/// (the fp32 family), with the record's layouts; a stage-2 act dtype of its own is kept.
+#[test]
+fn resolve_config_of_an_int4_per_channel_record() {
+    use moeplug::capi::moeplug_resolve_config;
+    use moeplug::capi::types::{moeplug_fused_moe_args, moeplug_resolved_config};
+    let l = common::layout(
+        INT4_PER_CHANNEL,
+        1,
+        2,
+        0,
+        8,
+        [7168, 2048, 7168, 2048],
+        false,
+    );
+    for device in [1, 2] {
+        for (act, act2, want) in [
+            (0, 0, (3, 3)),
+            (4, 0, (4, 4)),
+            (3, 1, (3, 1)),
+            (2, 0, (2, 2)),
+        ] {
+            let mut a: moeplug_fused_moe_args = unsafe { std::mem::zeroed() };
+            a.struct_size = std::mem::size_of::<moeplug_fused_moe_args>() as u32;
+            a.layout = &l;
+            a.activation = 2;
+            a.act_dtype = act;
+            a.stage2_act_dtype = act2;
+            let mut r: moeplug_resolved_config = unsafe { std::mem::zeroed() };
+            r.struct_size = std::mem::size_of_val(&r) as u32;
+            let st = unsafe { moeplug_resolve_config(device, 0, &a, &mut r) };
+            assert_eq!(st as i32, 0, "device {device} act {act}/{act2}");
+            assert_eq!(
+                (r.backend, r.act_dtype, r.act_dtype_stage2, r.activation),
+                (device, want.0, want.1, 2)
+            );
+            assert_eq!(
+                (
+                    r.weight_format,
+                    r.gate_mode,
+                    r.weight_layout,
+                    r.scale_layout
+                ),
+                (INT4_PER_CHANNEL, 1, 2, 0)
+            );
+        }
+    }
 }

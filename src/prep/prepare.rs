@@ -17,7 +17,7 @@ use super::steps::{run_host, RowMap, Step, Writer};
 use crate::aiter::{PathLayout, ScaleShuffle};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, MAX_NUM_EXPERTS, MAX_SIZE};
-use crate::moe::check::INT4_GROUP;
+use crate::moe::check::{INT4_GROUP, INT4_PER_WORD};
 use crate::tensor::format_shape;
 use crate::types::{AiterTarget, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
@@ -256,6 +256,14 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
     let w13_want = [e, 2 * i, h / vpe_in];
     if w13[..] != w13_want || h % vpe_in != 0 {
         return Err(shape_err("w13", &[&w13_want], w13));
+    }
+    if format == WeightFormat::Int4PerChannel && (h % INT4_PER_WORD != 0 || i % INT4_PER_WORD != 0)
+    {
+        crate::bail!(
+            invalid,
+            "w13: int4_per_channel needs H and I multiples of 8 (eight values per uint32 word), \
+             got H = {h}, I = {i}"
+        );
     }
     if spec.gate_mode_in == GateMode::Interleave && i % 16 != 0 {
         crate::bail!(
