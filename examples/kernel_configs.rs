@@ -8,13 +8,70 @@
 //!   exclude <TAB> family <TAB> reason
 //!
 //! usage: cargo run --release --example kernel_configs -- DIR gfx942 gfx950
+//!
+//! With `--emulate` first (for `scripts/emulate_check.sh cuda`), the sources are written the
+//! same way and every CUDA configuration of the mma.sync families (`tile32`, `stream`) the
+//! heuristics can select on each arch (with moe_reduce, the default, in place of the opt-in
+//! fused combine) is printed with its fp32-family twin (same options,
+//! FAMILY_FP32), each with the grid facts the host emulator launches by:
+//!
+//!   emulate <TAB> arch <TAB> family <TAB> defines... <TAB> fp32 twin defines...
+//!
+//! usage: cargo run --release --example kernel_configs -- --emulate DIR sm_80 sm_89 sm_90
 
+use moeplug::backend::gpu::compile_check::selectable_specs;
 use moeplug::backend::gpu::hip::hiprtc_options;
 use moeplug::backend::gpu::kernel_configs::{headers, hip_exclusion, UNITS};
-use moeplug::backend::gpu::spec::Family;
+use moeplug::backend::gpu::spec::{Family, KernelSpec};
+
+/// A spec's defines plus what the emulator's launches need from the host: the columns one
+/// block of stage 1 / stage 2 covers and the GEMM block's threads (src/backend/gpu/mod.rs).
+fn emulated_defines(spec: &KernelSpec) -> String {
+    let (n1, n2) = spec.block_columns();
+    let mut d: Vec<String> = spec.defines().iter().map(|d| format!("-D{d}")).collect();
+    d.push(format!("-DEMU_N1={n1}"));
+    d.push(format!("-DEMU_N2={n2}"));
+    d.push(format!("-DEMU_THREADS={}", spec.gemm_threads()));
+    d.join(" ")
+}
+
+/// The CUDA configurations of the mma.sync families, with their fp32 twins.
+fn print_emulated(archs: &[String]) {
+    for arch in archs {
+        let Some(sm) = arch.strip_prefix("sm_").and_then(|s| s.parse::<u32>().ok()) else {
+            eprintln!("kernel_configs --emulate: {arch} is not a CUDA arch (sm_NN)");
+            std::process::exit(2);
+        };
+        for spec in selectable_specs(sm) {
+            if !matches!(spec.family, Family::Tile32 | Family::Stream) {
+                continue;
+            }
+            // The default launch path (the fused combine is opt-in, MOEPLUG_FUSED_COMBINE=1,
+            // and its arrival counters are not emulated).
+            let spec = KernelSpec {
+                fused_combine: false,
+                ..spec
+            };
+            let twin = KernelSpec {
+                family: Family::Fp32,
+                ..spec.clone()
+            };
+            println!(
+                "emulate\t{arch}\t{}\t{}\t{}",
+                spec.family.name(),
+                emulated_defines(&spec),
+                emulated_defines(&twin)
+            );
+        }
+    }
+}
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let emulate = args.first().is_some_and(|a| a == "--emulate");
+    if emulate {
+        args.remove(0);
+    }
     let Some((dir, archs)) = args.split_first().filter(|(_, a)| !a.is_empty()) else {
         eprintln!("usage: kernel_configs DIR ARCH... (e.g. /tmp/k gfx942 gfx950)");
         std::process::exit(2);
@@ -33,6 +90,13 @@ fn main() {
     };
     for (name, text) in headers() {
         write(name, text);
+    }
+    if emulate {
+        for unit in UNITS {
+            write(unit.file, &(unit.source)());
+        }
+        print_emulated(archs);
+        return;
     }
     for unit in UNITS {
         write(unit.file, &(unit.source)());

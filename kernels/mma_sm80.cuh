@@ -6,6 +6,12 @@
 #pragma once
 #include "moeplug_port.h"
 
+#ifdef MP_HOST
+// Compiled as host C++ by the emulator: the same functions, computed from the ISA's fragment
+// definitions above (scripts/emu/mma_sm80_host.cuh).
+#include "mma_sm80_host.cuh"
+#else
+
 __device__ __forceinline__ void mma_bf16_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
                                                u32 b1) {
   asm volatile(
@@ -33,3 +39,4 @@ __device__ __forceinline__ void mma_e4m3_16832(float* c, u32 a0, u32 a1, u32 a2,
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+#endif  // MP_HOST

@@ -66,11 +66,15 @@
 
 // 16 bytes of a stream read once (weights): not kept in L1.
 __device__ __forceinline__ uint4 sw_load_stream(const u8* p) {
+#ifdef MP_HOST  // the emulator (scripts/emu)
+  return *(const uint4*)p;
+#else
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
+#endif
 }
 __device__ __forceinline__ u32 sw_word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant

@@ -24,7 +24,8 @@ __device__ __forceinline__ u16 mp_f32_to_bf16(float f) {
   return (u16)(u >> 16);
 }
 
-#ifdef MP_HIP
+// MP_HOST: compiled as host C++ by the emulator (scripts/emu), which has _Float16 but no PTX.
+#if defined(MP_HIP) || defined(MP_HOST)
 __device__ __forceinline__ float mp_f16_to_f32(u16 h) {
   _Float16 v = __builtin_bit_cast(_Float16, h);
   return (float)v;

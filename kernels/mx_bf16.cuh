@@ -15,10 +15,16 @@ __device__ __forceinline__ u32 mx_e2m1_pair(u32 v) {
 }
 
 __device__ __forceinline__ u32 mx_bf16x2_mul(u32 a, u32 b) {
+#ifdef MP_HOST  // the emulator (scripts/emu): bf16 x bf16 is exact in f32, one rounding
+  float lo = mp_bf16_to_f32((u16)a) * mp_bf16_to_f32((u16)b);
+  float hi = mp_bf16_to_f32((u16)(a >> 16)) * mp_bf16_to_f32((u16)(b >> 16));
+  return (u32)mp_f32_to_bf16(lo) | (u32)mp_f32_to_bf16(hi) << 16;
+#else
   u32 d;
   // fma with -0 is an exact multiply on sm_80 (mul.bf16x2 needs sm_90); bf16 keeps subnormals.
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
   return d;
+#endif
 }
 
 // The two bf16 multipliers that turn mx_e2m1_pair's output into code * 2^(b - 127): one

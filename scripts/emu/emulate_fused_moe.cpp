@@ -1,9 +1,10 @@
-// One fused_moe launch of one kernel configuration (the -D set of the HIP backend, FAMILY
-// included) run on the host under wave_emulator.h, on inputs made from a fixed seed, so that
+// One fused_moe launch of one kernel configuration (the -D set of the HIP or CUDA backend,
+// FAMILY included) run on the host under gpu_emulator.h, on inputs made from a fixed seed, so that
 // two families compiled from the same configuration see the same inputs. Writes the f32 stage-2
 // rows (y) of routed pairs and the output (as f32) to the file named by argv[1]. Launch order
-// and grids are the backend's (src/backend/gpu/mod.rs).
-#include "wave_emulator.h"
+// and grids are the backend's (src/backend/gpu/mod.rs); the block's columns and threads come
+// from the host's spec (EMU_N1, EMU_N2, EMU_THREADS: examples/kernel_configs.rs --emulate).
+#include "gpu_emulator.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,8 +14,13 @@
 
 thread_local emu_uint3 threadIdx, blockIdx;
 std::barrier<>* emu_block_barrier;
-std::barrier<>* emu_wave_barrier[4];
-EmuWave emu_waves[4];
+std::barrier<>* emu_group_barrier[EMU_MAX_GROUPS];
+int emu_block_count;
+#ifdef EMU_CUDA
+EmuWarp emu_warps[EMU_MAX_GROUPS];
+#else
+EmuWave emu_waves[EMU_MAX_GROUPS];
+#endif
 
 #include "fused_moe.cu"
 
@@ -84,7 +90,13 @@ template <typename F>
 static void launch(F kernel, const Params& p, int gx, int gy, int threads) {
   std::barrier<> block(threads);
   emu_block_barrier = &block;
-  for (int w = 0; w < threads / 64 && w < 4; ++w) emu_wave_barrier[w] = new std::barrier<>(64);
+  int groups = threads / EMU_LANES;
+  if (threads % EMU_LANES || groups > EMU_MAX_GROUPS) {
+    fprintf(stderr, "emulate_fused_moe: %d threads are not whole warps of %d (at most %d)\n",
+            threads, EMU_LANES, EMU_MAX_GROUPS);
+    exit(2);
+  }
+  for (int w = 0; w < groups; ++w) emu_group_barrier[w] = new std::barrier<>(EMU_LANES);
   std::vector<std::thread> ts;
   for (int t = 0; t < threads; ++t)
     ts.emplace_back([&, t] {
@@ -97,7 +109,7 @@ static void launch(F kernel, const Params& p, int gx, int gy, int threads) {
         }
     });
   for (auto& t : ts) t.join();
-  for (int w = 0; w < threads / 64 && w < 4; ++w) delete emu_wave_barrier[w];
+  for (int w = 0; w < groups; ++w) delete emu_group_barrier[w];
 }
 
 int main(int argc, char** argv) {
@@ -170,16 +182,21 @@ int main(int argc, char** argv) {
   p.x_cols = x_cols, p.out_cols = H, p.max_tiles = max_tiles, p.ng1 = ng1, p.ng2 = ng2;
   p.alpha = 1.702f, p.limit = 7.0f, p.has_limit = ACT == AF_SWIGLU_OAI;
 
-  // 64 columns per block: the narrowest of the families emulated (a wider block past the
-  // last column only skips its stores).
-  const int n1 = 64, n2 = 64;
+#ifdef EMU_N1
+  const int n1 = EMU_N1, n2 = EMU_N2, gemm_threads = EMU_THREADS;
+#else
+  // 64 columns per block: the narrowest of the HIP families (a wider block past the last
+  // column only skips its stores).
+  const int n1 = 64, n2 = 64, gemm_threads = THREADS;
+#endif
   launch(moe_route, p, 1, 1, SCAN_THREADS);
   if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax1, p, M, 1, THREADS);
   if (ACT_Q) launch(moe_quant1, p, M, 1, THREADS);
-  launch(moe_stage1, p, max_tiles, (I + n1 - 1) / n1, THREADS);
+  launch(moe_stage1, p, max_tiles, (I + n1 - 1) / n1, gemm_threads);
   if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax2, p, pairs, 1, THREADS);
   if (ACT_Q) launch(moe_quant2, p, pairs, 1, THREADS);
-  launch(moe_stage2, p, max_tiles, (H + n2 - 1) / n2, THREADS);
+  p.ncb2 = (H + n2 - 1) / n2;
+  launch(moe_stage2, p, max_tiles, p.ncb2, gemm_threads);
   launch(moe_reduce, p, M, (H + THREADS - 1) / THREADS, THREADS);
 
   FILE* f = fopen(argv[1], "wb");

@@ -1,13 +1,15 @@
-// Host stand-in for the HIP device environment, for scripts/hip_emulate_check.sh: the kernels of
-// kernels/fused_moe.cu compiled as ordinary C++ and run with one std::thread per GPU thread.
-// A block's 256 threads share the __shared__ arrays (function statics: one block runs at a
-// time) and meet at __syncthreads on a std::barrier; a wave's 64 threads meet in each MFMA,
-// which is emulated from the ISA's definition of the operation (D = A x B + C on the 16 x 16
-// fragments described in kernels/mma_cdna.cuh), independently of the kernels' code.
-// This checks the family's indexing, scales and epilogues against the fp32 family on the same
+// Host stand-in for the GPU device environment, for scripts/emulate_check.sh: the kernels of
+// kernels/fused_moe.cu compiled as ordinary C++ (MP_HOST) and run with one std::thread per GPU
+// thread. A block's threads share the __shared__ arrays (function statics: one block runs at a
+// time) and meet at __syncthreads on a std::barrier; the lanes of a warp (CUDA, 32) or wave
+// (HIP, 64) meet in each matrix instruction, which is emulated from the ISA's definition of the
+// operation, independently of the kernels' code: MFMA below (HIP), mma.sync in
+// mma_sm80_host.cuh (CUDA, included by kernels/mma_sm80.cuh under MP_HOST).
+// This checks a family's indexing, scales and epilogues against the fp32 family on the same
 // inputs; it cannot check that the hardware's fragments are what the ISA documents.
 // moe_route's dynamic shared array (`extern __shared__ int sm[]`) has no host form: the check
 // script compiles a copy of moe_common.cuh where it is a static array of EMU_ROUTE_SHARED ints.
+// Build with -DEMU_CUDA for the CUDA families (NVIDIA arch defines), without it for HIP.
 // Never shipped.
 #pragma once
 #include <math.h>
@@ -15,7 +17,13 @@
 
 #include <barrier>
 
+#define MP_HOST 1
+#ifdef EMU_CUDA
+#define EMU_LANES 32
+#else
 #define __HIPCC_RTC__ 1
+#define EMU_LANES 64
+#endif
 #define __global__
 #define __device__
 #define __host__
@@ -24,15 +32,28 @@
 #define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
 #define EMU_ROUTE_SHARED 65536
+#define EMU_MAX_GROUPS 32  // warps (waves) of the widest block (moe_route: 1024 threads)
 
 struct emu_uint3 {
   unsigned x, y, z;
 };
 extern thread_local emu_uint3 threadIdx, blockIdx;
 extern std::barrier<>* emu_block_barrier;
-extern std::barrier<>* emu_wave_barrier[4];
+// One barrier per warp (wave) of the running block: the lanes of a matrix instruction.
+extern std::barrier<>* emu_group_barrier[EMU_MAX_GROUPS];
 
 static inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+// The block's count of non-zero predicates, returned to every thread.
+extern int emu_block_count;
+static inline int __syncthreads_count(int pred) {
+  if (pred) __atomic_fetch_add(&emu_block_count, 1, __ATOMIC_RELAXED);
+  __syncthreads();
+  int n = __atomic_load_n(&emu_block_count, __ATOMIC_RELAXED);
+  __syncthreads();  // every thread has read it
+  if (threadIdx.x == 0) emu_block_count = 0;
+  __syncthreads();  // reset before the next use
+  return n;
+}
 
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
@@ -48,18 +69,16 @@ static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __A
 static inline unsigned atomicMax(unsigned* p, unsigned v) {
   return __atomic_fetch_max(p, v, __ATOMIC_RELAXED);
 }
+// PTX prmt (default mode): byte i of the result is byte s_i of the 8-byte {y, x}.
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  unsigned long long v = (unsigned long long)y << 32 | x, r = 0;
+  for (int i = 0; i < 4; ++i) r |= ((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return (unsigned)r;
+}
 
-// ---- MFMA, from the ISA ------------------------------------------------------------------
-typedef float emu_f32x4 __attribute__((ext_vector_type(4)));
-typedef short emu_i16x4 __attribute__((ext_vector_type(4)));
-typedef _Float16 emu_f16x4 __attribute__((ext_vector_type(4)));
-
-struct EmuWave {
-  float a[64][8], b[64][8];  // each lane's A and B elements (4 or 8 per lane)
-};
-extern EmuWave emu_waves[4];
-
+// ---- element decoders, from the formats' definitions ----------------------------------------
 static inline float emu_bf16(unsigned short h) { return __builtin_bit_cast(float, (unsigned)h << 16); }
+static inline float emu_f16(unsigned short h) { return (float)__builtin_bit_cast(_Float16, h); }
 
 // The fp8 value of code c: e4m3fn (bias 7, S.1111.111 NaN) or e4m3fnuz (bias 8, 0x80 NaN).
 static inline float emu_fp8(unsigned c, bool fnuz) {
@@ -70,13 +89,43 @@ static inline float emu_fp8(unsigned c, bool fnuz) {
   return s * (e ? ldexpf(1.0f + m / 8.0f, e - bias) : ldexpf(m / 8.0f, 1 - bias));
 }
 
+#ifdef EMU_CUDA
+struct EmuWarp {
+  unsigned a[32][4], b[32][2];  // each lane's A and B registers (mma_sm80_host.cuh)
+  int vote[32];                 // each lane's predicate (__ballot_sync)
+};
+extern EmuWarp emu_warps[EMU_MAX_GROUPS];
+
+// Warp votes over the whole warp (the kernels pass the full mask, every lane converged).
+static inline unsigned __ballot_sync(unsigned mask, int pred) {
+  (void)mask;
+  int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  emu_warps[w].vote[lane] = pred != 0;
+  emu_group_barrier[w]->arrive_and_wait();
+  unsigned bits = 0;
+  for (int l = 0; l < 32; ++l) bits |= (unsigned)emu_warps[w].vote[l] << l;
+  emu_group_barrier[w]->arrive_and_wait();  // every lane read the votes before reuse
+  return bits;
+}
+static inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+#else
+// ---- MFMA, from the ISA ------------------------------------------------------------------
+typedef float emu_f32x4 __attribute__((ext_vector_type(4)));
+typedef short emu_i16x4 __attribute__((ext_vector_type(4)));
+typedef _Float16 emu_f16x4 __attribute__((ext_vector_type(4)));
+
+struct EmuWave {
+  float a[64][8], b[64][8];  // each lane's A and B elements (4 or 8 per lane)
+};
+extern EmuWave emu_waves[EMU_MAX_GROUPS];
+
 // D (16 x 16) = A (16 x K) x B (K x 16) + C, K = 4 kpl: lane l = li + 16 kq holds A[li][k] and
 // B[k][li] for k = kq kpl .. kq kpl + kpl - 1, and D[4 kq + j][li] for j = 0..3.
 static inline emu_f32x4 emu_mfma(const float* a, const float* b, emu_f32x4 c, int kpl) {
   int lane = threadIdx.x % 64, w = threadIdx.x / 64;
   EmuWave& wave = emu_waves[w];
   for (int j = 0; j < kpl; ++j) wave.a[lane][j] = a[j], wave.b[lane][j] = b[j];
-  emu_wave_barrier[w]->arrive_and_wait();
+  emu_group_barrier[w]->arrive_and_wait();
   int li = lane % 16, kq = lane / 16;
   emu_f32x4 d;
   for (int j = 0; j < 4; ++j) {
@@ -86,7 +135,7 @@ static inline emu_f32x4 emu_mfma(const float* a, const float* b, emu_f32x4 c, in
       acc += wave.a[row + 16 * (k / kpl)][k % kpl] * wave.b[li + 16 * (k / kpl)][k % kpl];
     d[j] = acc;
   }
-  emu_wave_barrier[w]->arrive_and_wait();  // the wave's operands are read before reuse
+  emu_group_barrier[w]->arrive_and_wait();  // the wave's operands are read before reuse
   return d;
 }
 
@@ -114,3 +163,4 @@ static inline emu_f32x4 emu_mfma_fp8(long a, long b, emu_f32x4 c, bool fnuz) {
 #elif defined(__gfx950__)
 #define __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(a, b, c, x, y, z) emu_mfma_fp8(a, b, c, false)
 #endif
+#endif  // !EMU_CUDA
