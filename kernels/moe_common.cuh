@@ -162,6 +162,17 @@ __device__ __forceinline__ float load_w(const u8* W, const u8* S, int e, int n, 
   // The nibble to the top of an int, then an arithmetic shift: its signed value.
   int v = (int)(b << (28 - (k & 4))) >> 28;
   return (float)v * s;
+#elif WFMT == WF_INT4_PER_CHANNEL
+  // AITER's a8w4 words: 8 values per little-endian u32 along K, value j = k % 8 in nibble
+  // [0, 4, 1, 5, 2, 6, 3, 7][j] (rearrange_4bit_elements of convert_int8_to_uint32_int4), i.e.
+  // byte (j >> 2) + 2 (j & 1) of the word, the high nibble when j & 2. AITER_16x16 is F1 over
+  // the words (4-word packs), the same bytes as F1 over bytes with 16-byte packs. Read by the
+  // byte as the fp8 path reads (a u32 load here spilled on sm_90).
+  int kbytes = K >> 1, j = k & 7;
+  int byte = ((k >> 3) << 2) + (j >> 2) + ((j & 1) << 1);
+  u32 b = W[(i64)e * N * kbytes + w_offset(n, byte, kbytes, 16)];
+  int v = (int)(b << (28 - ((j & 2) << 1))) >> 28;
+  return (float)v * ((const float*)S)[(i64)e * N + n];
 #else
 #error "unknown WFMT"
 #endif

@@ -88,10 +88,14 @@ __device__ void moe_gemm(const Params& p) {
     __syncthreads();
   }
 
+  // Unrolled so that acc is indexed by constants and stays in registers (a rolled loop
+  // put it on the stack for some epilogues).
+#pragma unroll
   for (int i = 0; i < 2; ++i) {
     int q = s_row[2 * ty + i];
     if (q < 0) continue;
     float w = ((const float*)p.topk_weights)[q];
+#pragma unroll
     for (int j = 0; j < 4; ++j) {
       int col = n0 + 4 * tx + j;
       if (col >= Ncols) continue;
@@ -105,5 +109,7 @@ __device__ void moe_gemm(const Params& p) {
   if (!S1) combine_arrive(p, s_row, n0, BN);
 }
 
-MP_KERNEL void __launch_bounds__(THREADS) moe_stage1(Params p) { moe_gemm<true>(p); }
-MP_KERNEL void __launch_bounds__(THREADS) moe_stage2(Params p) { moe_gemm<false>(p); }
+// At least one block per SM, so ptxas may use the registers it needs: with THREADS alone it
+// aimed at an occupancy and spilled (int4 decodes on sm_80 / sm_90, 40-48 registers).
+MP_KERNEL void __launch_bounds__(THREADS, 1) moe_stage1(Params p) { moe_gemm<true>(p); }
+MP_KERNEL void __launch_bounds__(THREADS, 1) moe_stage2(Params p) { moe_gemm<false>(p); }

@@ -123,7 +123,8 @@ fn quant_type(format: WeightFormat) -> &'static str {
     match format {
         WeightFormat::Bf16 | WeightFormat::Fp16 => "No",
         WeightFormat::Fp8PerTensor => "per_Tensor",
-        WeightFormat::Fp8PerChannel => "per_Token",
+        // a8w4 int4 (Quark int4-fp8): per_Token with uint32-packed int4 weights.
+        WeightFormat::Fp8PerChannel | WeightFormat::Int4PerChannel => "per_Token",
         WeightFormat::Fp8Block128 => "per_1x128",
         // a16wi4: AITER's per_1x32 with i4x2 weights.
         WeightFormat::Mxfp4 | WeightFormat::Mxfp8 | WeightFormat::Int4Group32 => "per_1x32",
@@ -167,6 +168,14 @@ pub fn fused_moe_args(
             "layout.act_dtype: {} cannot be used with weight_format {}",
             act.label(),
             layout.weight_format.label()
+        )));
+    }
+    if layout.weight_format == WeightFormat::Int4PerChannel && act != ActDtype::Fp8PerToken {
+        // fused_moe sets q_dtype_a = fp8 for uint32 weights; its int4 kernels quantize per token.
+        return Err(Error::unsupported(format!(
+            "layout.act_dtype: AITER's a8w4 int4 path (weight_format int4_per_channel) takes \
+             fp8_per_token activations only, got {}",
+            act.label()
         )));
     }
     let (quant_type_a, quant_dtype_a) = act_spelling(act);

@@ -11,6 +11,8 @@ pub enum ElemType {
     U8,
     I8,
     I32,
+    /// 1.1: INT4_PER_CHANNEL weights (AITER's uint32 words of eight int4 values).
+    U32,
     I64,
     F32,
     F16,
@@ -32,7 +34,7 @@ impl ElemType {
             | ElemType::E8m0
             | ElemType::Fp4x2 => 1,
             ElemType::F16 | ElemType::Bf16 => 2,
-            ElemType::I32 | ElemType::F32 => 4,
+            ElemType::I32 | ElemType::U32 | ElemType::F32 => 4,
             ElemType::I64 => 8,
         }
     }
@@ -41,6 +43,7 @@ impl ElemType {
             ElemType::U8 => "uint8",
             ElemType::I8 => "int8",
             ElemType::I32 => "int32",
+            ElemType::U32 => "uint32",
             ElemType::I64 => "int64",
             ElemType::F32 => "float32",
             ElemType::F16 => "float16",
@@ -128,6 +131,7 @@ pub fn elem_type_from_dlpack(field: &str, code: u8, bits: u8, lanes: u16) -> Res
         (0, 32) => ElemType::I32,
         (0, 64) => ElemType::I64,
         (1, 8) => ElemType::U8,
+        (1, 32) => ElemType::U32,
         (2, 16) => ElemType::F16,
         (2, 32) => ElemType::F32,
         (4, 16) => ElemType::Bf16,

@@ -69,6 +69,7 @@ abi_enum!(
         Mxfp4 = Mxfp4 => "mxfp4",
         Mxfp8 = Mxfp8 => "mxfp8",
         Int4Group32 = Int4Group32 => "int4_group32",
+        Int4PerChannel = Int4PerChannel => "int4_per_channel",
     }
 );
 
@@ -211,7 +212,9 @@ impl ActDtype {
                 }
             }
             WeightFormat::Fp8Block128 => ActDtype::Fp8Block128,
-            WeightFormat::Fp8PerTensor | WeightFormat::Fp8PerChannel => ActDtype::Fp8PerToken,
+            WeightFormat::Fp8PerTensor
+            | WeightFormat::Fp8PerChannel
+            | WeightFormat::Int4PerChannel => ActDtype::Fp8PerToken,
             WeightFormat::Mxfp4 | WeightFormat::Int4Group32 => ActDtype::Bf16,
             WeightFormat::Mxfp8 => ActDtype::Mxfp8,
         }
@@ -257,9 +260,17 @@ impl WeightFormat {
             _ => &[],
         }
     }
-    /// Weights packed two values per byte along K (MXFP4, INT4_GROUP32).
+    /// Weights packed several values per storage element along K (MXFP4, INT4_GROUP32: 2
+    /// per byte; INT4_PER_CHANNEL: 8 per uint32).
     pub fn is_packed(self) -> bool {
-        matches!(self, WeightFormat::Mxfp4 | WeightFormat::Int4Group32)
+        self.is_int4() || self == WeightFormat::Mxfp4
+    }
+    /// Signed int4 weights (INT4_GROUP32, INT4_PER_CHANNEL).
+    pub fn is_int4(self) -> bool {
+        matches!(
+            self,
+            WeightFormat::Int4Group32 | WeightFormat::Int4PerChannel
+        )
     }
     pub fn is_fp8(self) -> bool {
         matches!(
@@ -272,9 +283,11 @@ impl WeightFormat {
         use ActDtype as A;
         match self {
             WeightFormat::Bf16 | WeightFormat::Fp16 => &[A::Bf16, A::Fp16],
-            WeightFormat::Fp8PerTensor | WeightFormat::Fp8PerChannel => {
-                &[A::Bf16, A::Fp16, A::Fp8PerToken, A::Fp8PerTensor]
-            }
+            // int4 per channel: those of fp8 per channel (AITER's a8w4 int4 kernels take fp8
+            // per-token activations; the CPU and the fp32 family run every one).
+            WeightFormat::Fp8PerTensor
+            | WeightFormat::Fp8PerChannel
+            | WeightFormat::Int4PerChannel => &[A::Bf16, A::Fp16, A::Fp8PerToken, A::Fp8PerTensor],
             WeightFormat::Fp8Block128 => &[A::Bf16, A::Fp16, A::Fp8Block128],
             WeightFormat::Mxfp4 => &[A::Bf16, A::Fp16, A::Mxfp4, A::Mxfp8],
             WeightFormat::Mxfp8 => &[A::Bf16, A::Fp16, A::Mxfp8],

@@ -77,11 +77,16 @@ pub enum moeplug_weight_format {
     /// values v0..v7 -> bytes (v4<<4)|v0 .. (v7<<4)|v3), with bf16 scales per 1x32 group
     /// along K (Kimi-K2 a16wi4). ABI 1.1.
     Int4Group32 = 8,
+    /// Signed int4 (-8..7) packed eight per uint32 in AITER's a8w4 order
+    /// (`rearrange_4bit_elements(convert_int8_to_uint32_int4(..))`: nibble i, lowest first,
+    /// holds value [0, 2, 4, 6, 1, 3, 5, 7][i] of each run of 8 along K), with one fp32 scale per
+    /// output row (`[E, N]` or `[E, N, 1]`; Quark int4-fp8, AITER per_Token a8w4). ABI 1.1.
+    Int4PerChannel = 9,
 }
 
 /// Activation dtype the GEMMs consume (AITER's quant_dtype_a). DEFAULT is fixed per weight
 /// format: BF16/FP16 weights -> the input's; FP8_BLOCK128 -> FP8_BLOCK128; other FP8 ->
-/// FP8_PER_TOKEN; MXFP4 -> BF16 (a16w4); MXFP8 -> MXFP8; INT4_GROUP32 -> BF16 (a16wi4). Never chosen from M or environment.
+/// FP8_PER_TOKEN; MXFP4 -> BF16 (a16w4); MXFP8 -> MXFP8; INT4_GROUP32 -> BF16 (a16wi4); INT4_PER_CHANNEL -> FP8_PER_TOKEN (a8w4). Never chosen from M or environment.
 #[repr(i32)]
 #[derive(Debug, Clone, Copy)]
 pub enum moeplug_act_dtype {
@@ -138,6 +143,8 @@ pub enum moeplug_weight_layout {
     Plain = 1,
     /// AITER `shuffle_weight` layout (16, 16). INT4_GROUP32: `shuffle_weight` (16, 16) of the
     /// int8-held values, then `pack_int8_to_packed_int4` (AITER's a16wi4 weights).
+    /// INT4_PER_CHANNEL: `shuffle_weight` (16, 16, use_int4) of the int8-held values, then
+    /// the uint32 packing (AITER's a8w4 weights): F1 over the uint32 words.
     Aiter_16x16 = 2,
 }
 

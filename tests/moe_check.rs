@@ -327,7 +327,8 @@ fn caps_report_what_the_tests_prove() {
     let mut c: moeplug_caps = unsafe { std::mem::zeroed() };
     c.struct_size = std::mem::size_of::<moeplug_caps>() as u32;
     assert_eq!(unsafe { moeplug_get_caps(1, 0, &mut c) } as i32, 0);
-    assert_eq!(c.weight_formats, 0b1_1111_1110); // BF16..MXFP8, INT4_GROUP32 (tests/int4.rs)
+    // BF16..MXFP8, INT4_GROUP32 (tests/int4.rs), INT4_PER_CHANNEL (tests/int4_per_channel.rs)
+    assert_eq!(c.weight_formats, 0b11_1111_1110);
     assert_eq!(c.act_dtypes, 0b1111_1110);
     assert_eq!(c.gate_modes, 0b1110);
     assert_eq!(c.activations, 0b11_1110); // SILU..SWIGLU_OAI, GELU_TANH, NONE

@@ -255,6 +255,8 @@ fn random_cfg(r: &mut Rng, x: &mut Rng, formats: &[WeightFormat]) -> Cfg {
     let mut align_h = match (mx, int4, int4_scale) {
         (_, true, 4) => 64,
         (true, _, _) | (_, true, _) => 32,
+        // int4 per channel: whole uint32 words of 8 values.
+        _ if format == WeightFormat::Int4PerChannel => 8,
         _ => 1,
     };
     let mut align_i = align_h;
@@ -333,6 +335,10 @@ fn random_cfg(r: &mut Rng, x: &mut Rng, formats: &[WeightFormat]) -> Cfg {
         }
     }
     c.prequantize = ActDtype::PREQUANTIZABLE.contains(&c.act);
+    if format == WeightFormat::Int4PerChannel {
+        // int4 weights have no fp8 flavour: fp8 activations are e4m3fn.
+        c.fnuz = false;
+    }
     c
 }
 
@@ -387,7 +393,7 @@ fn make_weight(
                 let idx = (x * rows + n) * cols + k;
                 if !real(n, k) {
                     codes[idx] = r.next_u64() as u16; // garbage, NaN included
-                    if f == WeightFormat::Int4Group32 {
+                    if f.is_int4() {
                         codes[idx] &= 15;
                     }
                     continue;
@@ -405,7 +411,7 @@ fn make_weight(
                         let nib = r.below(16) as u8;
                         (nib as u16, fp4_decode(nib))
                     }
-                    WeightFormat::Int4Group32 => {
+                    WeightFormat::Int4Group32 | WeightFormat::Int4PerChannel => {
                         // Two's complement nibble: -8..7.
                         let nib = r.below(16) as u8;
                         (nib as u16, ((nib ^ 8) as f64) - 8.0)
@@ -421,7 +427,9 @@ fn make_weight(
                 };
                 let s = match f {
                     WeightFormat::Fp8PerTensor => sc_tensor[x] as f64,
-                    WeightFormat::Fp8PerChannel => sc_channel[x * rows + n] as f64,
+                    WeightFormat::Fp8PerChannel | WeightFormat::Int4PerChannel => {
+                        sc_channel[x * rows + n] as f64
+                    }
                     WeightFormat::Fp8Block128 => {
                         sc_block[(x * n_blk + n / 128) * k_blk + k / 128] as f64
                     }
@@ -453,6 +461,7 @@ fn make_weight(
         ),
         // Packed below, from the codes.
         WeightFormat::Int4Group32 => (Vec::new(), 1, 2),
+        WeightFormat::Int4PerChannel => (Vec::new(), 4, 8),
         _ => (codes.iter().map(|&c| c as u8).collect(), 1, 1),
     };
     let bytes = if f == WeightFormat::Int4Group32 {
@@ -466,6 +475,23 @@ fn make_weight(
         };
         held.chunks_exact(8)
             .flat_map(|v| (0..4).map(move |j| v[j] | (v[j + 4] << 4)))
+            .collect()
+    } else if f == WeightFormat::Int4PerChannel {
+        // AITER's definition: shuffle_weight (16, 16, use_int4) of the int8-held values
+        // (aiter_16x16: 16 rows x 32 values per pack), then convert_int8_to_uint32_int4 +
+        // rearrange_4bit_elements (value j of each run of 8 in nibble [0,4,1,5,2,6,3,7][j]).
+        let held: Vec<u8> = codes.iter().map(|&c| c as u8).collect();
+        let held = if c.weight_layout == 2 {
+            shuffle_f1_int4(&held, e, rows, cols)
+        } else {
+            held
+        };
+        held.chunks_exact(8)
+            .flat_map(|v| {
+                let nib = [0, 4, 1, 5, 2, 6, 3, 7];
+                let w = (0..8).fold(0u32, |w, j| w | ((v[j] & 15) as u32) << (4 * nib[j]));
+                w.to_le_bytes()
+            })
             .collect()
     } else if c.weight_layout == 2 {
         shuffle_f1(&bytes, e, rows, cols / per, elem)
@@ -489,6 +515,13 @@ fn make_weight(
                 U8
             }
         }
+        WeightFormat::Int4PerChannel => {
+            if r.below(2) == 0 {
+                I32
+            } else {
+                U32
+            }
+        }
         _ if c.fnuz => FP8_FNUZ,
         _ => {
             if r.below(3) == 0 {
@@ -499,7 +532,7 @@ fn make_weight(
         }
     };
     // uint8 fp4 carries the byte shape, {17, 4} the logical one.
-    let last = if dtype == U8 || dtype == I8 {
+    let last = if dtype == U8 || dtype == I8 || dtype == U32 || dtype == I32 {
         cols / per
     } else {
         cols
@@ -512,7 +545,7 @@ fn make_weight(
         } else {
             T::f32s(&sc_tensor, &[e, 1])
         }),
-        WeightFormat::Fp8PerChannel => Some(if r.below(2) == 0 {
+        WeightFormat::Fp8PerChannel | WeightFormat::Int4PerChannel => Some(if r.below(2) == 0 {
             T::f32s(&sc_channel, &[e, rows])
         } else {
             T::f32s(&sc_channel, &[e, rows, 1])
@@ -887,6 +920,41 @@ fn int4_configurations_agree_with_the_f64_reference() {
     );
 }
 
+/// INT4_PER_CHANNEL (a8w4 int4, Quark int4-fp8): plain or AITER-shuffled uint32/int32 words
+/// (the test's own F1 of the int8 values with use_int4 and its own word packing), fp32 row
+/// scales `[E, N]` or `[E, N, 1]`, every act dtype of the format in both stages.
+#[test]
+fn int4_per_channel_configurations_agree_with_the_f64_reference() {
+    agree_with_the_f64_reference(
+        Rng(0x1A74_00C4),
+        Rng(0x1A74_F8F8),
+        &[WeightFormat::Int4PerChannel],
+        // One act dtype in four is pre-quantizable (fp8_per_token): enough cases for 50.
+        260,
+    );
+}
+
+/// AITER's `shuffle_weight(x, (16, 16), use_int4=True)` of int8 values `[batch, n, k]`: tiles
+/// of 16 rows x 32 values, written from docs/layouts.md §2.1.
+fn shuffle_f1_int4(src: &[u8], batch: usize, n: usize, k: usize) -> Vec<u8> {
+    assert!(
+        n % 16 == 0 && k % 32 == 0,
+        "F1 use_int4 needs N%16 and K%32"
+    );
+    let mut out = Vec::with_capacity(src.len());
+    for b in 0..batch {
+        for n0 in (0..n).step_by(16) {
+            for k0 in (0..k).step_by(32) {
+                for r in n0..n0 + 16 {
+                    let at = (b * n + r) * k + k0;
+                    out.extend_from_slice(&src[at..at + 32]);
+                }
+            }
+        }
+    }
+    out
+}
+
 fn agree_with_the_f64_reference(mut r: Rng, mut x: Rng, formats: &[WeightFormat], cases: usize) {
     let (mut worst, mut flips, mut others, mut totals) =
         ([0f64; 2], [0usize; 2], [0usize; 2], [0usize; 2]);
@@ -968,7 +1036,7 @@ fn agree_with_the_f64_reference(mut r: Rng, mut x: Rng, formats: &[WeightFormat]
         flips[idx] += off_by_one;
         others[idx] += beyond;
         totals[idx] += got.len();
-        if c.format == WeightFormat::Int4Group32 {
+        if c.format.is_int4() {
             // int4 weights spread wider than the other formats' (integers to ±8 times the
             // group scale), so a stage-1 value the f32 kernel rounds to the other side of a
             // 16-bit boundary than the f64 reference (AITER's cast) shows up in a whole row

@@ -54,7 +54,7 @@ fn pip_install_bundles_the_library_and_imports_from_anywhere() {
     );
     assert_eq!(
         lines[1],
-        "['bf16', 'fp16', 'fp8_block128', 'fp8_per_channel', 'fp8_per_tensor', 'int4_group32', 'mxfp4', 'mxfp8']"
+        "['bf16', 'fp16', 'fp8_block128', 'fp8_per_channel', 'fp8_per_tensor', 'int4_group32', 'int4_per_channel', 'mxfp4', 'mxfp8']"
     );
     assert!(lines[2].starts_with(env!("CARGO_PKG_VERSION")), "{site}");
 

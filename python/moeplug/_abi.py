@@ -29,7 +29,7 @@ from pathlib import Path
 ABI_MAJOR = 1
 
 # Enum values by the lower-case names the package accepts (0 = "default" where the C enum has it).
-WEIGHT_FORMATS = {"bf16": 1, "fp16": 2, "fp8_per_tensor": 3, "fp8_per_channel": 4, "fp8_block128": 5, "mxfp4": 6, "mxfp8": 7, "int4_group32": 8}  # int4_group32: ABI 1.1
+WEIGHT_FORMATS = {"bf16": 1, "fp16": 2, "fp8_per_tensor": 3, "fp8_per_channel": 4, "fp8_block128": 5, "mxfp4": 6, "mxfp8": 7, "int4_group32": 8, "int4_per_channel": 9}  # int4_*: ABI 1.1
 ACT_DTYPES = {"default": 0, "bf16": 1, "fp16": 2, "fp8_per_token": 3, "fp8_per_tensor": 4, "fp8_block128": 5, "mxfp4": 6, "mxfp8": 7}
 GATE_MODES = {"separated": 1, "interleave": 2, "interleave_rows": 3}
 ACTIVATIONS = {"silu": 1, "gelu": 2, "swiglu_oai": 3, "gelu_tanh": 4, "none": 5}  # 4, 5: ABI 1.1

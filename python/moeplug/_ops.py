@@ -280,6 +280,21 @@ def _prepare_args(w13, w2, weight_format, w13_scale, w2_scale, w13_bias, w2_bias
     return args, described
 
 
+def _int4_words_dtype(weight_format, name, src):
+    """int8-held int4_per_channel weights come back as uint32 words (int32 for torch, whose
+    uint32 has few kernels); None: like the input."""
+    from . import WEIGHT_FORMATS
+
+    fmt = WEIGHT_FORMATS.get(weight_format, weight_format)
+    if fmt != WEIGHT_FORMATS["int4_per_channel"] or name not in ("w13", "w2"):
+        return None
+    if is_torch(src):
+        import torch
+
+        return torch.int32 if src.dtype == torch.int8 else None
+    return np.dtype(np.uint32) if np.dtype(getattr(src, "dtype", None)) == np.int8 else None
+
+
 def prepare_moe(w13, w2, *, weight_format, w13_scale=None, w2_scale=None, w13_bias=None, w2_bias=None, gate_mode_in="separated", device=None, stream=None, **config):
     """Pad, re-order, shuffle and swizzle checkpoint weights for a target; returns Prepared."""
     keep = []
@@ -294,7 +309,7 @@ def prepare_moe(w13, w2, *, weight_format, w13_scale=None, w2_scale=None, w13_bi
             outs[name] = None
             continue
         shape = tuple(getattr(sizes, name + "_shape")[:ndim])
-        outs[name] = _empty_like(src.obj, shape)
+        outs[name] = _empty_like(src.obj, shape, _int4_words_dtype(weight_format, name, src.obj))
         d = describe(outs[name], "out_" + name, writable=True)
         keep.append(d)
         setattr(args, "out_" + name, ptr(d))

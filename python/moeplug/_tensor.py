@@ -22,6 +22,7 @@ _NUMPY_CODES = {
     np.dtype(np.int32): (0, 32),
     np.dtype(np.int64): (0, 64),
     np.dtype(np.uint8): (1, 8),
+    np.dtype(np.uint32): (1, 32),  # int4_per_channel words (AITER's uint32), ABI 1.1
     np.dtype(np.float16): (2, 16),
     np.dtype(np.float32): (2, 32),
 }
@@ -40,6 +41,7 @@ _TORCH_CODES = {
     "torch.int32": (0, 32),
     "torch.int64": (0, 64),
     "torch.uint8": (1, 8),
+    "torch.uint32": (1, 32),
     "torch.float16": (2, 16),
     "torch.float32": (2, 32),
     "torch.bfloat16": (4, 16),

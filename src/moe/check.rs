@@ -35,6 +35,8 @@ pub const INT4_GROUP: usize = 32;
 /// Bytes of one F1 pack of INT4_GROUP32 weights: AITER shuffles the int8-held values in
 /// 16-value packs, then packs every 8 values into 4 bytes.
 pub const INT4_F1_PACK_BYTES: usize = 8;
+/// INT4_PER_CHANNEL values per uint32 word (AITER `convert_int8_to_uint32_int4`).
+pub const INT4_PER_WORD: usize = 8;
 
 /// What the check learned about a launch, for the kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +65,8 @@ pub fn weight_elems(format: WeightFormat) -> &'static [ElemType] {
         WeightFormat::Mxfp4 => &[T::Fp4x2, T::U8],
         // Packed int4 bytes (AITER's pack returns int8; torch has no int4 DLPack dtype).
         WeightFormat::Int4Group32 => &[T::U8, T::I8],
+        // AITER's uint32 words (int32 for frameworks without uint32).
+        WeightFormat::Int4PerChannel => &[T::U32, T::I32],
     }
 }
 
@@ -70,24 +74,28 @@ pub fn weight_elems(format: WeightFormat) -> &'static [ElemType] {
 pub fn canonical_weight_elem(format: WeightFormat, elem: ElemType) -> ElemType {
     match (format, elem) {
         (WeightFormat::Int4Group32, _) => ElemType::U8,
+        (WeightFormat::Int4PerChannel, _) => ElemType::U32,
         (WeightFormat::Mxfp4, ElemType::U8) => ElemType::Fp4x2,
         (_, ElemType::U8) => ElemType::Fp8E4m3fn,
         (_, e) => e,
     }
 }
 
-/// Logical values per storage element along K: 2 per byte for MXFP4 and INT4_GROUP32.
+/// Logical values per storage element along K: 2 per byte for MXFP4 and INT4_GROUP32, 8 per
+/// uint32 for INT4_PER_CHANNEL.
 pub fn values_per_elem(format: WeightFormat) -> usize {
-    if format.is_packed() {
-        2
-    } else {
-        1
+    match format {
+        WeightFormat::Int4PerChannel => INT4_PER_WORD,
+        f if f.is_packed() => 2,
+        _ => 1,
     }
 }
 
-fn elem_size(format: WeightFormat) -> usize {
+/// Bytes of one weight storage element.
+pub fn weight_elem_bytes(format: WeightFormat) -> usize {
     match format {
         WeightFormat::Bf16 | WeightFormat::Fp16 => 2,
+        WeightFormat::Int4PerChannel => 4,
         _ => 1,
     }
 }
@@ -203,6 +211,19 @@ pub fn check_record(l: &Layout) -> Result<()> {
             needs.push((field, v, div, why.to_string()));
         }
     }
+    if f == WeightFormat::Int4PerChannel {
+        for (field, v) in [
+            ("hidden_padded", l.hidden_padded),
+            ("intermediate_padded", l.intermediate_padded),
+        ] {
+            needs.push((
+                field,
+                v,
+                INT4_PER_WORD,
+                "weight_format int4_per_channel packs 8 values per uint32".into(),
+            ));
+        }
+    }
     if l.gate_mode == GateMode::Interleave {
         needs.push((
             "intermediate_padded",
@@ -212,11 +233,16 @@ pub fn check_record(l: &Layout) -> Result<()> {
         ));
     }
     if l.weight_layout == WeightLayout::Aiter16x16 {
-        let pack = F1_PACK_BYTES / elem_size(f) * per;
+        let pack = F1_PACK_BYTES / weight_elem_bytes(f) * per;
         let why = if f == WeightFormat::Int4Group32 {
             // F1 of the int8-held values: 16-value packs, tiles 32 values wide (AITER's BK).
             "weight_layout aiter_16x16 of int4_group32 shuffles the int8-held values in 16-row \
              tiles 32 values wide"
+                .to_string()
+        } else if f == WeightFormat::Int4PerChannel {
+            // use_int4: F1 of the int8-held values in 32-value packs, one uint32 pack each.
+            "weight_layout aiter_16x16 of int4_per_channel shuffles the int8-held values in \
+             16-row tiles of 32-value packs (use_int4)"
                 .to_string()
         } else {
             format!(
@@ -293,7 +319,7 @@ pub fn expected_scale_shapes(l: &Layout, rows: usize, cols: usize) -> Option<Sca
             format!("E={e}, one fp32 scale per expert"),
             f32_only,
         )),
-        WeightFormat::Fp8PerChannel => Some((
+        WeightFormat::Fp8PerChannel | WeightFormat::Int4PerChannel => Some((
             vec![vec![e, rows], vec![e, rows, 1]],
             format!("E={e}, one fp32 scale per row: {rows}"),
             f32_only,
@@ -507,6 +533,8 @@ pub fn check_launch(launch: &MoeLaunch) -> Result<LaunchShape> {
         let bytes = per == 2 && w.elem != ElemType::Fp4x2;
         let (note, shown) = if f == WeightFormat::Int4Group32 {
             ("/2 (two int4 values per byte)", cols / 2)
+        } else if f == WeightFormat::Int4PerChannel {
+            ("/8 (eight int4 values per uint32)", cols / 8)
         } else if bytes {
             ("/2 (uint8: two fp4 values per byte)", cols / 2)
         } else {

@@ -1,5 +1,8 @@
-//! INT4_GROUP32 (AITER a16wi4) preparation: `pack_int8_to_packed_int4` and the
-//! `shuffle_scale_for_int4` scale layout (aiter/ops/shuffle.py @e4048607).
+//! int4 preparation. INT4_GROUP32 (AITER a16wi4): `pack_int8_to_packed_int4` and the
+//! `shuffle_scale_for_int4` scale layout (aiter/ops/shuffle.py @e4048607). INT4_PER_CHANNEL
+//! (AITER a8w4 int4, Quark int4-fp8): the uint32 words of `convert_int8_to_uint32_int4` +
+//! `rearrange_4bit_elements` (aiter/int4_utils.py); its fp32 row scales are prepared like
+//! FP8_PER_CHANNEL's.
 //!
 //! AITER prepares a16wi4 weights as `pack_int8_to_packed_int4(shuffle_weight(w_i8, (16, 16)))`.
 //! F1 on int8 moves whole 16-value packs and the pack works on 8-value runs, so the two
@@ -21,6 +24,29 @@ pub fn pack_int8_to_packed_int4(src: &[u8], dst: &mut [u8]) {
         }
     }
 }
+
+/// The nibble (0 = lowest) of an INT4_PER_CHANNEL uint32 word that holds value j of its run
+/// of 8 along K: AITER's `rearrange_4bit_elements` of `convert_int8_to_uint32_int4` puts
+/// values [0, 2, 4, 6, 1, 3, 5, 7] in nibbles 0..7 (tests/golden/aiter_int4_per_channel.json).
+pub const A8W4_NIBBLE_OF_VALUE: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+
+/// AITER's a8w4 int4 words from int8-held values: each run of 8 values (low 4 bits kept) →
+/// one little-endian uint32, value j in nibble [`A8W4_NIBBLE_OF_VALUE`]`[j]`. `src.len()` is
+/// a multiple of 8; `dst` half as long.
+pub fn pack_int8_to_a8w4_words(src: &[u8], dst: &mut [u8]) {
+    assert!(src.len() % 8 == 0 && dst.len() * 2 == src.len());
+    for (out, v) in dst.chunks_exact_mut(4).zip(src.chunks_exact(8)) {
+        let mut word = 0u32;
+        for (j, &x) in v.iter().enumerate() {
+            word |= ((x & 0xF) as u32) << (4 * A8W4_NIBBLE_OF_VALUE[j]);
+        }
+        out.copy_from_slice(&word.to_le_bytes());
+    }
+}
+
+/// What AITER's a8w4 int4 layout needs of K (values): `shuffle_weight(.., use_int4=True)`
+/// tiles the int8-held values 32 wide (one 16-byte pack of words once packed).
+pub const PER_CHANNEL_K_ALIGN: usize = 32;
 
 /// The int4 values an int8-held checkpoint may hold: AITER's quantizer writes [-7, 7],
 /// its pack keeps any signed nibble.
@@ -109,6 +135,15 @@ mod tests {
         let mut got = vec![0u8; n * k / 2];
         run_host(&step, &plain, &mut got);
         assert_eq!(got, want);
+    }
+
+    /// The a8w4 word order, spelled out: value j at nibble [0, 4, 1, 5, 2, 6, 3, 7][j].
+    #[test]
+    fn a8w4_words_hold_values_in_aiters_nibble_order() {
+        let src: Vec<u8> = (0..8u8).map(|v| v + 1).collect();
+        let mut dst = [0u8; 4];
+        pack_int8_to_a8w4_words(&src, &mut dst);
+        assert_eq!(u32::from_le_bytes(dst), 0x8642_7531);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::steps::{run_host, RowMap, Step, Writer};
 use crate::aiter::{PathLayout, ScaleShuffle};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, MAX_NUM_EXPERTS, MAX_SIZE};
-use crate::moe::check::INT4_GROUP;
+use crate::moe::check::{INT4_GROUP, INT4_PER_WORD};
 use crate::tensor::format_shape;
 use crate::types::{AiterTarget, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
@@ -44,8 +44,9 @@ pub struct PrepareSpec {
     pub w13_bias: Option<Vec<usize>>,
     /// fp32 `[E, H]`.
     pub w2_bias: Option<Vec<usize>>,
-    /// INT4_GROUP32 weights given one value per int8 (`[E, 2I, H]`, `[E, H, I]`), packed by
-    /// the preparation; false: already packed (`[E, 2I, H/2]`, `[E, H, I/2]` bytes).
+    /// int4 weights given one value per int8 (`[E, 2I, H]`, `[E, H, I]`), packed by the
+    /// preparation; false: already packed (INT4_GROUP32: `[E, 2I, H/2]`, `[E, H, I/2]` bytes;
+    /// INT4_PER_CHANNEL: `[E, 2I, H/8]`, `[E, H, I/8]` uint32 words).
     pub int4_unpacked: bool,
 }
 
@@ -73,7 +74,7 @@ impl ScaleKind {
             WeightFormat::Bf16 | WeightFormat::Fp16 => ScaleKind::None,
             WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => ScaleKind::Mx,
             WeightFormat::Fp8PerTensor => ScaleKind::PerTensor,
-            WeightFormat::Fp8PerChannel => ScaleKind::PerChannel,
+            WeightFormat::Fp8PerChannel | WeightFormat::Int4PerChannel => ScaleKind::PerChannel,
             WeightFormat::Fp8Block128 => ScaleKind::Block128,
             WeightFormat::Int4Group32 => ScaleKind::Int4Group,
         }
@@ -88,23 +89,21 @@ impl ScaleKind {
     }
 }
 
-/// Bytes of one storage element of the weights of `format` (fp4x2: one byte = 2 values).
+/// Bytes of one storage element of the weights of `format` (fp4x2: one byte = 2 values;
+/// int4 per channel: one uint32 = 8 values).
 pub fn weight_elem_size(format: WeightFormat) -> usize {
-    match format {
-        WeightFormat::Bf16 | WeightFormat::Fp16 => 2,
-        _ => 1,
-    }
+    crate::moe::check::weight_elem_bytes(format)
 }
 
 /// Logical values per storage element along K of the prepared weights (2 for packed fp4 and
-/// int4).
+/// int4 group32, 8 for int4 per channel).
 fn values_per_elem(format: WeightFormat) -> usize {
     crate::moe::check::values_per_elem(format)
 }
 
 /// Logical values per storage element along K of the checkpoint weights.
 fn values_per_input_elem(spec: &PrepareSpec) -> usize {
-    if spec.format == WeightFormat::Int4Group32 && spec.int4_unpacked {
+    if spec.format.is_int4() && spec.int4_unpacked {
         1
     } else {
         values_per_elem(spec.format)
@@ -258,6 +257,14 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
     if w13[..] != w13_want || h % vpe_in != 0 {
         return Err(shape_err("w13", &[&w13_want], w13));
     }
+    if format == WeightFormat::Int4PerChannel && (h % INT4_PER_WORD != 0 || i % INT4_PER_WORD != 0)
+    {
+        crate::bail!(
+            invalid,
+            "w13: int4_per_channel needs H and I multiples of 8 (eight values per uint32 word), \
+             got H = {h}, I = {i}"
+        );
+    }
     if spec.gate_mode_in == GateMode::Interleave && i % 16 != 0 {
         crate::bail!(
             invalid,
@@ -280,6 +287,10 @@ pub fn plan(spec: &PrepareSpec) -> Result<PreparedShapes> {
     }
     // What the written layout needs of a K dimension (storage bytes × values per byte).
     let mut layout_min = path.map_or(32, |p| p.k_bytes).max(32 / vpe) * vpe;
+    if format == WeightFormat::Int4PerChannel {
+        // AITER shuffles the int8-held values (use_int4: 32-value tiles), then packs words.
+        layout_min = int4::PER_CHANNEL_K_ALIGN;
+    }
     if kind == ScaleKind::Block128 {
         layout_min = lcm(layout_min, 128);
     }
@@ -572,9 +583,10 @@ pub fn prepare_host(
     // int8-held int4: packed first, then prepared like packed input.
     let packed;
     let inp = if shapes.spec.int4_unpacked {
+        let f = shapes.spec.format;
         packed = [
-            pack_int4_input("w13", inp.w13)?,
-            pack_int4_input("w2", inp.w2)?,
+            pack_int4_input(f, "w13", inp.w13)?,
+            pack_int4_input(f, "w2", inp.w2)?,
         ];
         PrepareInputs {
             w13: &packed[0],
@@ -630,9 +642,10 @@ pub fn prepare_host(
     Ok(())
 }
 
-/// The int8-held int4 values of `name` packed (AITER `pack_int8_to_packed_int4`), after
-/// checking that each lies in [-8, 7].
-pub fn pack_int4_input(name: &str, src: &[u8]) -> Result<Vec<u8>> {
+/// The int8-held int4 values of `name` packed as `format` stores them (INT4_GROUP32: AITER
+/// `pack_int8_to_packed_int4`; INT4_PER_CHANNEL: the a8w4 uint32 words), after checking that
+/// each lies in [-8, 7].
+pub fn pack_int4_input(format: WeightFormat, name: &str, src: &[u8]) -> Result<Vec<u8>> {
     if let Some((at, v)) = int4::first_out_of_range(src) {
         crate::bail!(
             invalid,
@@ -654,7 +667,11 @@ pub fn pack_int4_input(name: &str, src: &[u8]) -> Result<Vec<u8>> {
         )));
     }
     out.resize(src.len() / 2, 0);
-    int4::pack_int8_to_packed_int4(src, &mut out);
+    if format == WeightFormat::Int4PerChannel {
+        int4::pack_int8_to_a8w4_words(src, &mut out);
+    } else {
+        int4::pack_int8_to_packed_int4(src, &mut out);
+    }
     Ok(out)
 }
 

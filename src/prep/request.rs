@@ -91,9 +91,11 @@ pub enum PrepOp {
         src: usize,
         dst: usize,
     },
-    /// Pack the int8-held int4 values of `src` (AITER `pack_int8_to_packed_int4`, each
-    /// checked to lie in [-8, 7]), then run `step` over the packed bytes. Host only.
+    /// Pack the int8-held int4 values of `src` as `format` stores them (each checked to lie
+    /// in [-8, 7]; [`prepare::pack_int4_input`]), then run `step` over the packed bytes.
+    /// Host only.
     PackInt4 {
+        format: WeightFormat,
         step: Step,
         src: usize,
         dst: usize,
@@ -187,8 +189,13 @@ pub unsafe fn run_host(job: &PrepJob) -> Result<()> {
                 }
                 steps::run_host(&step, s, d);
             }
-            PrepOp::PackInt4 { step, src, dst } => {
-                let packed = prepare::pack_int4_input(t[src].name, t[src].host_bytes())?;
+            PrepOp::PackInt4 {
+                format,
+                step,
+                src,
+                dst,
+            } => {
+                let packed = prepare::pack_int4_input(format, t[src].name, t[src].host_bytes())?;
                 let d = t[dst].host_bytes_mut();
                 if packed.len() != step.src_bytes() || d.len() != step.dst_bytes {
                     return Err(Error::internal(format!(
@@ -429,6 +436,7 @@ fn fill_bytes(elem: ElemType, fill: f64) -> Result<Vec<u8>> {
         ElemType::I32 => (int(i32::MIN as f64, i32::MAX as f64)? as i32)
             .to_le_bytes()
             .to_vec(),
+        ElemType::U32 => (int(0.0, u32::MAX as f64)? as u32).to_le_bytes().to_vec(),
         ElemType::I64 => int(-(2f64.powi(63)), 2f64.powi(63) - 1.0)?
             .to_le_bytes()
             .to_vec(),
@@ -858,6 +866,15 @@ pub struct PrepareMoe {
     pub w2_bias: Option<Tensor>,
 }
 
+/// Checkpoint weight dtypes `prepare_moe` takes for `format`: those a launch reads, and int8
+/// holding one int4 value per byte for INT4_PER_CHANNEL (INT4_GROUP32's list has int8).
+fn prep_weight_elems(format: WeightFormat) -> &'static [ElemType] {
+    match format {
+        WeightFormat::Int4PerChannel => &[ElemType::U32, ElemType::I32, ElemType::I8],
+        f => crate::moe::check::weight_elems(f),
+    }
+}
+
 /// The caller's output tensors of `prepare_moe`, in [`prepare::Part`] order.
 pub type PrepareOutputs = [Option<Tensor>; 6];
 
@@ -888,7 +905,7 @@ impl PrepareMoe {
     /// Check the checkpoint's dtypes and shapes and compute the outputs and the record.
     pub fn plan(&self) -> Result<prepare::PreparedShapes> {
         let format = self.target.format;
-        let weight_types = crate::moe::check::weight_elems(format);
+        let weight_types = prep_weight_elems(format);
         self.w13.expect_elem(weight_types)?;
         self.w2.expect_elem(weight_types)?;
         if self.w2.elem != self.w13.elem {
@@ -930,10 +947,10 @@ impl PrepareMoe {
         prepare::plan(&spec)
     }
 
-    /// INT4_GROUP32 checkpoints: int8 weights hold one value per byte, uint8 weights two
-    /// packed values (AITER's pack order).
+    /// int4 checkpoints: int8 weights hold one value per byte; INT4_GROUP32 uint8 weights two
+    /// packed values (AITER's pack order), INT4_PER_CHANNEL uint32/int32 words eight.
     fn int4_unpacked(&self) -> Result<bool> {
-        Ok(self.target.format == WeightFormat::Int4Group32 && self.w13.elem == ElemType::I8)
+        Ok(self.target.format.is_int4() && self.w13.elem == ElemType::I8)
     }
 
     /// The fragment of a whole preparation: every field of the record it writes.
@@ -975,7 +992,16 @@ impl PrepareMoe {
             "out_w2_bias",
         ];
         let mut outs: [Option<Tensor>; 6] = Default::default();
+        let words = shapes.spec.int4_unpacked && shapes.spec.format == WeightFormat::Int4PerChannel;
         for (i, o) in outputs.into_iter().enumerate() {
+            if words && i < 2 {
+                // int8-held values in, uint32 words out.
+                if let Some(o) = &o {
+                    o.expect_elem(crate::moe::check::weight_elems(shapes.spec.format))?;
+                }
+                outs[i] = output(o, names[i], planned[i], None)?;
+                continue;
+            }
             outs[i] = output(o, names[i], planned[i], inputs[i].as_ref())?;
         }
         for (oi, o) in outs.iter().enumerate() {
@@ -993,8 +1019,12 @@ impl PrepareMoe {
             crate::bail!(
                 unsupported,
                 "w13: int8-held int4 weights are packed on the host only; pass host tensors, or \
-                 packed uint8 weights (AITER's pack_int8_to_packed_int4 order) on the device, \
-                 got {} tensors",
+                 packed {} on the device, got {} tensors",
+                if shapes.spec.format == WeightFormat::Int4PerChannel {
+                    "uint32 words (AITER's a8w4 int4 order)"
+                } else {
+                    "uint8 weights (AITER's pack_int8_to_packed_int4 order)"
+                },
                 match at {
                     Location::Device(kind, _) => kind.name(),
                     Location::Host => "host",
@@ -1033,7 +1063,12 @@ impl PrepareMoe {
             }
             let weights = matches!(part, prepare::Part::W13 | prepare::Part::W2);
             ops.push(if unpacked && weights {
-                PrepOp::PackInt4 { step, src, dst }
+                PrepOp::PackInt4 {
+                    format: shapes.spec.format,
+                    step,
+                    src,
+                    dst,
+                }
             } else {
                 PrepOp::Step { step, src, dst }
             });

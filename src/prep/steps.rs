@@ -456,6 +456,7 @@ mod tests {
             F::Mxfp4,
             F::Mxfp8,
             F::Int4Group32,
+            F::Int4PerChannel,
         ];
         for round in 0..48 {
             let format = formats[round % formats.len()];
@@ -473,7 +474,7 @@ mod tests {
             let unit = if format == F::Fp8Block128 { 128 } else { 32 };
             let h = unit * (1 + g.below(3));
             let i = unit * (1 + g.below(3));
-            let vpe = if format.is_packed() { 2 } else { 1 };
+            let vpe = crate::moe::check::values_per_elem(format);
             let (s13, s2) = match ScaleKind::of(format) {
                 ScaleKind::None => (None, None),
                 ScaleKind::Mx | ScaleKind::Int4Group => {

@@ -25,6 +25,7 @@ pub const F16: (u8, u8) = (2, 16);
 pub const F32: (u8, u8) = (2, 32);
 pub const I32: (u8, u8) = (0, 32);
 pub const U8: (u8, u8) = (1, 8);
+pub const U32: (u8, u8) = (1, 32);
 pub const I8: (u8, u8) = (0, 8);
 pub const FP8_FN: (u8, u8) = (10, 8);
 pub const FP8_FNUZ: (u8, u8) = (11, 8);

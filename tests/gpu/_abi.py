@@ -26,11 +26,12 @@ ALLOWED_ACT = dict(bf16=["bf16", "fp16"], fp16=["bf16", "fp16"],
                    fp8_per_channel=["bf16", "fp16", "fp8_per_token", "fp8_per_tensor"],
                    fp8_block128=["bf16", "fp16", "fp8_block128"],
                    mxfp4=["bf16", "fp16", "mxfp4", "mxfp8"], mxfp8=["bf16", "fp16", "mxfp8"],
-                   int4_group32=["bf16", "fp16"])
+                   int4_group32=["bf16", "fp16"],
+                   int4_per_channel=["bf16", "fp16", "fp8_per_token", "fp8_per_tensor"])
 # docs/abi.md §2: the DEFAULT activation dtype of each weight format
 DEFAULT_ACT = dict(bf16=None, fp16=None, fp8_per_tensor="fp8_per_token",
                    fp8_per_channel="fp8_per_token", fp8_block128="fp8_block128", mxfp4="bf16",
-                   mxfp8="mxfp8", int4_group32="bf16")
+                   mxfp8="mxfp8", int4_group32="bf16", int4_per_channel="fp8_per_token")
 GATE_MODE = _mirror.GATE_MODES
 ACTIVATION = _mirror.ACTIVATIONS
 WEIGHT_LAYOUT = _mirror.WEIGHT_LAYOUTS

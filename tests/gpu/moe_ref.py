@@ -65,6 +65,17 @@ def shuffle_scale_for_int4(s):
     return s.view(E, G // 2, 2, N).permute(0, 1, 3, 2).contiguous()
 
 
+def pack_int8_to_a8w4_words(v):
+    """AITER's a8w4 int4 words (aiter/int4_utils.py: convert_int8_to_uint32_int4 then
+    rearrange_4bit_elements): runs of 8 int4 codes v0..v7 -> one little-endian uint32 with
+    value j in nibble [0, 4, 1, 5, 2, 6, 3, 7][j], held as int32 [..., K/8]."""
+    r = (v.to(torch.int64) & 15).reshape(-1, 8)
+    nib = [0, 4, 1, 5, 2, 6, 3, 7]
+    w = sum(r[:, j] << (4 * nib[j]) for j in range(8))
+    w = torch.where(w >= 2**31, w - 2**32, w)  # the uint32 bit pattern as int32
+    return w.to(torch.int32).reshape(*v.shape[:-1], v.shape[-1] // 8)
+
+
 def _fp8(shape, device, g):
     return (torch.randn(shape, device=device, generator=g) * 8).to(torch.float8_e4m3fn)
 
@@ -135,9 +146,23 @@ def make_matrix(fmt, wlayout, slayout, E, N, K, device, g):
         else:
             scale = sval
         esize = 1
+    elif fmt == "int4_per_channel":
+        # Signed nibbles -8..7 (all 16 codes) times an fp32 scale per row (Quark int4-fp8).
+        codes = torch.randint(0, 16, (E, N, K), device=device, generator=g, dtype=torch.uint8)
+        vals = ((codes ^ 8).float() - 8)
+        scale = std / 4 * (0.5 + torch.rand(E, N, 1, device=device, generator=g))
+        deq = vals * scale
+        # AITER a8w4: F1 (16, 16, use_int4) of the int8-held values (32-value packs), then the
+        # uint32 words; as bytes that is F1 over the words' bytes (16-byte packs).
+        held = codes
+        if wlayout == "aiter_16x16":
+            held = codes.view(E, N // 16, 16, K // 32, 32).permute(0, 1, 3, 2, 4).contiguous()
+            held = held.view(E, N, K)
+        store = pack_int8_to_a8w4_words(held)
+        esize = 4
     else:
         raise ValueError(fmt)
-    if wlayout == "aiter_16x16" and fmt != "int4_group32":
+    if wlayout == "aiter_16x16" and not fmt.startswith("int4"):
         store = f1_shuffle(store.contiguous(), esize)
     if fmt == "bf16":
         store = store.view(torch.bfloat16)

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 HERE = Path(__file__).resolve().parent
 FORMATS = ["bf16", "fp16", "fp8_per_tensor", "fp8_per_channel", "fp8_block128", "mxfp4", "mxfp8",
-           "int4_group32"]
+           "int4_group32", "int4_per_channel"]
 MS = [1, 7, 64, 300]
 OPTIONS = ["plain", "ep", "padded"]
 # None: the heuristics' pick (at M = 300 often wgmma, which keeps moe_reduce either way).

@@ -10,7 +10,7 @@ import _abi  # noqa: E402
 from moe_ref import make_moe, reference, rel_l2  # noqa: E402
 
 FORMATS = ["bf16", "fp16", "fp8_per_tensor", "fp8_per_channel", "fp8_block128", "mxfp4", "mxfp8",
-           "int4_group32"]
+           "int4_group32", "int4_per_channel"]
 GATES = ["separated", "interleave", "interleave_rows"]
 ACTS = ["silu", "gelu", "swiglu_oai"]
 TOL = 1e-2
@@ -472,6 +472,32 @@ def test_int4_group32_layouts(wlayout, slayout, gate, M):
     out, ref, st = run_moe("int4_group32", wlayout=wlayout, slayout=slayout, gate=gate,
                            act=ACTS[M % 3], M=M, E=8, k=2, H=256, I=192, seed=M)
     assert_close(out, ref, st=st)
+
+
+# INT4_PER_CHANNEL (AITER a8w4 int4, Quark int4-fp8) runs in the fp32 family: both weight
+# layouts x every gate mode x every act dtype of the format (fp8 per-token is AITER's pairing).
+@pytest.mark.parametrize("wlayout", ["aiter_16x16", "plain"])
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("act_dtype", _abi.ALLOWED_ACT["int4_per_channel"])
+@pytest.mark.parametrize("M", [1, 7, 64, 300])
+def test_int4_per_channel_layouts(wlayout, gate, act_dtype, M):
+    out, ref, st = run_moe("int4_per_channel", wlayout=wlayout, gate=gate, act=ACTS[M % 3],
+                           act_dtype=act_dtype, in_dtype=torch.float16 if act_dtype == "fp16"
+                           else torch.bfloat16, M=M, E=8, k=2, H=256, I=192, seed=M)
+    assert_close(out, ref, st=st)
+
+
+def test_int4_per_channel_options_and_padding():
+    mask = torch.zeros(13, dtype=torch.int32, device="cuda")
+    mask[torch.tensor([0, 2, 3, 5, 8, 9, 10, 12])] = 1
+    g = torch.Generator(device="cuda")
+    g.manual_seed(12)
+    ids = torch.randint(-1, 14, (9, 3), device="cuda", generator=g, dtype=torch.int32)
+    out, ref, st = run_moe("int4_per_channel", act="gelu", E=8, k=3, M=9, H=320, I=160,
+                           Hp=384, Ip=192, bias=True, rwoi=True, mask=mask, ids=ids, n_local=7,
+                           act_dtype="fp8_per_token", stage2_act_dtype="fp8_per_tensor",
+                           out_cols=384, seed=6)
+    assert_close(out, ref, n_local=7, st=st)
 
 
 def test_int4_group32_options_and_fp16():

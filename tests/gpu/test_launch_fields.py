@@ -165,7 +165,8 @@ def default_slayout(fmt, wlayout):
 NONE_CASES = [("bf16", "bf16"), ("fp16", "fp16"), ("fp8_per_channel", "fp8_per_token"),
               ("fp8_per_tensor", "fp8_per_tensor"), ("fp8_block128", "fp8_block128"),
               ("fp8_per_channel", "bf16"), ("mxfp4", "bf16"), ("mxfp4", "mxfp4"),
-              ("mxfp8", "mxfp8"), ("int4_group32", "bf16")]
+              ("mxfp8", "mxfp8"), ("int4_group32", "bf16"),
+              ("int4_per_channel", "fp8_per_token")]
 
 
 @pytest.mark.parametrize("fmt,act_dtype", NONE_CASES)
@@ -199,7 +200,8 @@ STAGE2_CASES = [("fp8_per_channel", "fp8_per_token", "fp8_per_tensor"),
                 ("mxfp4", "mxfp8", "bf16"), ("mxfp4", "bf16", "mxfp4"),
                 ("mxfp8", "bf16", "mxfp8"), ("mxfp8", "mxfp8", "fp16"),
                 ("bf16", "bf16", "fp16"), ("fp16", "fp16", "bf16"),
-                ("int4_group32", "bf16", "fp16")]
+                ("int4_group32", "bf16", "fp16"),
+                ("int4_per_channel", "fp8_per_token", "bf16")]
 
 
 def worst_act(a1, a2):

@@ -245,12 +245,14 @@ WFMT = {"bf16": (1, torch.bfloat16), "fp16": (2, torch.float16), "fp8_per_tensor
         "fp8_per_channel": (4, torch.float8_e4m3fn), "fp8_block128": (5, torch.float8_e4m3fn),
         "mxfp4": (6, torch.uint8), "mxfp8": (7, torch.float8_e4m3fn),
         # packed uint8 int4 (AITER's pack order): Tile steps, run on the device too
-        "int4_group32": (8, torch.uint8)}
+        "int4_group32": (8, torch.uint8),
+        # int4 per channel as AITER's uint32 words (int32 in torch): Tile steps as well
+        "int4_per_channel": (9, torch.int32)}
 
 
 def checkpoint(fmt, e, h, i, bias, gen):
     _, wd = WFMT[fmt]
-    vpe = 2 if fmt in ("mxfp4", "int4_group32") else 1
+    vpe = {"mxfp4": 2, "int4_group32": 2, "int4_per_channel": 8}.get(fmt, 1)
     t = dict(w13=rbytes((e, 2 * i, h // vpe), gen, wd), w2=rbytes((e, h, i // vpe), gen, wd))
     if fmt in ("mxfp4", "mxfp8"):
         t["w13_scale"] = rbytes((e, 2 * i, h // 32), gen)
@@ -260,7 +262,7 @@ def checkpoint(fmt, e, h, i, bias, gen):
         t["w2_scale"] = rbytes((e * h, i // 32), gen, torch.bfloat16)
     elif fmt == "fp8_per_tensor":
         t["w13_scale"], t["w2_scale"] = torch.rand((e,), generator=gen) + 0.5, torch.rand((e, 1), generator=gen) + 0.5
-    elif fmt == "fp8_per_channel":
+    elif fmt in ("fp8_per_channel", "int4_per_channel"):
         t["w13_scale"], t["w2_scale"] = torch.rand((e, 2 * i), generator=gen) + 0.5, torch.rand((e, h, 1), generator=gen) + 0.5
     elif fmt == "fp8_block128":
         t["w13_scale"] = torch.rand((e, 2 * i // 128, -(-h // 128)), generator=gen) + 0.5
@@ -415,3 +417,10 @@ def test_int8_held_int4_is_packed_on_the_host_only():
     assert msg == ("moeplug_prepare_moe: w13: int8-held int4 weights are packed on the host only; "
                    "pass host tensors, or packed uint8 weights (AITER's pack_int8_to_packed_int4 "
                    "order) on the device, got cuda tensors")
+    t["w13_scale"] = torch.rand((e, 2 * i, 1), generator=gen)
+    t["w2_scale"] = torch.rand((e, h, 1), generator=gen)
+    st, msg, _, _ = prepare_raw("int4_per_channel", 1, t, DEV, 2)
+    assert mabi.STATUS_NAMES[st] == "MOEPLUG_UNSUPPORTED"
+    assert msg == ("moeplug_prepare_moe: w13: int8-held int4 weights are packed on the host only; "
+                   "pass host tensors, or packed uint32 words (AITER's a8w4 int4 order) on the "
+                   "device, got cuda tensors")

@@ -412,7 +412,9 @@ fn scale_of<'a>(
         Ok(match format {
             WeightFormat::Bf16 | WeightFormat::Fp16 => Scale::None,
             WeightFormat::Fp8PerTensor => Scale::PerTensor(f32s(t)?.unwrap_or(&[])),
-            WeightFormat::Fp8PerChannel => Scale::PerChannel(f32s(t)?.unwrap_or(&[])),
+            WeightFormat::Fp8PerChannel | WeightFormat::Int4PerChannel => {
+                Scale::PerChannel(f32s(t)?.unwrap_or(&[]))
+            }
             WeightFormat::Fp8Block128 => Scale::Block128(f32s(t)?.unwrap_or(&[])),
             WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => Scale::Mx(
                 t.as_ref().map(|t| t.host_bytes()).unwrap_or(&[]),

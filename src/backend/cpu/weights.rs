@@ -1,6 +1,7 @@
 //! Reading prepared weights as the layout record says they are stored: dequantize whole rows
 //! (scale applied) into f32, from PLAIN or AITER_16x16 (F1) bytes with per-tensor, per-channel,
-//! 128×128-block, MX e8m0 or int4 bf16 group scales in any recorded scale layout.
+//! 128×128-block, MX e8m0 or int4 bf16 group scales in any recorded scale layout, and int4
+//! uint32 words with per-channel scales.
 
 use once_cell::sync::Lazy;
 
@@ -12,7 +13,11 @@ use crate::quant::{
 use crate::tensor::ElemType;
 use crate::types::{ScaleLayout, WeightFormat, WeightLayout};
 
-use crate::moe::check::{F1_PACK_BYTES, F1_ROWS, INT4_F1_PACK_BYTES, INT4_GROUP, MX_BLOCK};
+use crate::moe::check::{
+    values_per_elem, F1_PACK_BYTES, F1_ROWS, INT4_F1_PACK_BYTES, INT4_GROUP, INT4_PER_WORD,
+    MX_BLOCK,
+};
+use crate::prep::int4::A8W4_NIBBLE_OF_VALUE;
 
 static FP8_FN: Lazy<[f32; 256]> = Lazy::new(|| std::array::from_fn(|b| fp8_e4m3fn_to_f32(b as u8)));
 static FP8_FNUZ: Lazy<[f32; 256]> =
@@ -69,19 +74,12 @@ impl<'a> WeightMatrix<'a> {
     }
 
     fn elem_bytes(&self) -> usize {
-        if self.elem.is_byte() {
-            1
-        } else {
-            2
-        }
+        self.elem.size()
     }
-    /// Logical values per storage element (2 for packed fp4 and int4).
+    /// Logical values per storage element (2 for packed fp4 and int4 group32, 8 for the
+    /// uint32 words of int4 per channel).
     fn per(&self) -> usize {
-        if self.format.is_packed() {
-            2
-        } else {
-            1
-        }
+        values_per_elem(self.format)
     }
     /// Storage elements per row.
     fn row_storage(&self) -> usize {
@@ -202,7 +200,38 @@ impl<'a> WeightMatrix<'a> {
         }
     }
 
-    /// Logical values per 16-byte pack (8 for 16-bit, 16 for fp8, 32 for packed fp4).
+    /// [`Self::dequant_tile`] for INT4_PER_CHANNEL: uint32 words of 8 values (AITER's a8w4
+    /// nibble order), plain rows or F1 over the words (4-word packs), each value times its
+    /// row's fp32 scale; a last word is cut to `width`.
+    #[allow(clippy::too_many_arguments)]
+    fn dequant_int4_words_tile(
+        &self,
+        e: usize,
+        n0: usize,
+        rows: usize,
+        k0: usize,
+        width: usize,
+        tile: &mut [f32],
+        ld: usize,
+    ) {
+        let base = e * self.expert_bytes();
+        for r in 0..rows {
+            let n = n0 + r;
+            let s = self.scale_at(e, n, 0);
+            for k in (0..width).step_by(INT4_PER_WORD) {
+                let at = base + self.byte_offset(n, (k0 + k) / INT4_PER_WORD);
+                let word = u32::from_le_bytes(self.bytes[at..at + 4].try_into().unwrap());
+                let take = (width - k).min(INT4_PER_WORD);
+                for (j, d) in tile[r * ld + k..][..take].iter_mut().enumerate() {
+                    let nib = (word >> (4 * A8W4_NIBBLE_OF_VALUE[j])) as u8;
+                    *d = ((nib << 4) as i8 >> 4) as f32 * s;
+                }
+            }
+        }
+    }
+
+    /// Logical values per 16-byte pack (8 for 16-bit, 16 for fp8, 32 for packed fp4 and
+    /// int4).
     pub fn pack_values(&self) -> usize {
         F1_PACK_BYTES / self.elem_bytes() * self.per()
     }
@@ -252,6 +281,9 @@ impl<'a> WeightMatrix<'a> {
         debug_assert!(k0 % pv == 0 && width <= ld && rows <= F1_ROWS);
         if self.format == WeightFormat::Int4Group32 {
             return self.dequant_int4_tile(e, n0, rows, k0, width, tile, ld);
+        }
+        if self.format == WeightFormat::Int4PerChannel {
+            return self.dequant_int4_words_tile(e, n0, rows, k0, width, tile, ld);
         }
         // Storage step from one row to the next and from one pack to the next.
         let (row_step, pack_step) = match self.layout {

@@ -209,13 +209,15 @@ mod tests {
         for f in [Family::Tile32, Family::Stream] {
             assert!(specs.iter().any(|s| s.family == f), "{f:?}");
         }
-        assert!(!specs
-            .iter()
-            .any(|s| matches!(s.family, Family::Fp32 | Family::Mfma)
-                && s.weight_format != WeightFormat::Int4Group32));
+        assert!(
+            !specs
+                .iter()
+                .any(|s| matches!(s.family, Family::Fp32 | Family::Mfma)
+                    && !s.weight_format.is_int4())
+        );
         for &wf in WeightFormat::ALL {
             // int4 is decoded by the fp32 family only (heuristics::choose).
-            let family = if wf == WeightFormat::Int4Group32 {
+            let family = if wf.is_int4() {
                 Family::Fp32
             } else {
                 Family::Tile32

@@ -137,7 +137,7 @@ fn choose_hip(arch: &str, launch: &MoeLaunch) -> Family {
 /// Why the MFMA family cannot be compiled for this configuration, or None: int4 weights
 /// (only the fp32 family decodes them) and the launch options it does not implement.
 pub fn mfma_spec_unsupported(spec: &KernelSpec) -> Option<&'static str> {
-    if spec.weight_format == WeightFormat::Int4Group32 {
+    if spec.weight_format.is_int4() {
         return Some("int4 weights are decoded by the fp32 family only");
     }
     options_unsupported(spec)
@@ -208,7 +208,7 @@ pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
                 )
         }
         W::Mxfp8 => false,
-        W::Int4Group32 => false,
+        W::Int4Group32 | W::Int4PerChannel => false,
     };
     if !format_ok {
         return Some("format / activation dtype pairing not covered");
@@ -268,7 +268,7 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
                 && spec.wgmma_n == 128
                 && spec.wgmma_blocks == 1
         }
-        W::Mxfp8 | W::Int4Group32 => false,
+        W::Mxfp8 | W::Int4Group32 | W::Int4PerChannel => false,
     };
     if !format_ok {
         return Some("format / activation dtype pairing not covered");
@@ -355,7 +355,7 @@ pub fn wgmma_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Opti
 /// Whether `choose` can return `family` for some launch of this configuration on CUDA `sm`.
 pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
     // Only the fp32 family decodes int4 (load_w in moe_common.cuh).
-    let int4 = spec.weight_format == WeightFormat::Int4Group32;
+    let int4 = spec.weight_format.is_int4();
     if spec.fused_combine && !spec.family.fuses_combine() {
         return false;
     }
@@ -468,7 +468,7 @@ pub fn stream_split_k(steps: usize, row_groups: usize) -> u32 {
 
 /// The family for this launch on `arch`.
 pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
-    if launch.config.layout.weight_format == WeightFormat::Int4Group32 {
+    if launch.config.layout.weight_format.is_int4() {
         return Family::Fp32; // the only family that decodes int4, on every vendor
     }
     let Some(sm) = sm_version(arch) else {

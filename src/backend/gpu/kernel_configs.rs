@@ -149,6 +149,7 @@ mod tests {
             WeightFormat::Fp16 => ElemType::F16,
             WeightFormat::Mxfp4 => ElemType::Fp4x2,
             WeightFormat::Int4Group32 => ElemType::U8,
+            WeightFormat::Int4PerChannel => ElemType::U32,
             _ if s.fp8_fnuz => ElemType::Fp8E4m3fnuz,
             _ => ElemType::Fp8E4m3fn,
         };
@@ -242,11 +243,11 @@ mod tests {
             let seen = |f: &dyn Fn(&KernelSpec) -> String| {
                 specs.iter().map(f).collect::<BTreeSet<String>>().len()
             };
-            // int4 is decoded by the fp32 family only
+            // int4 (group32, per channel) is decoded by the fp32 family only
             let int4 = (family == Family::Fp32) as usize;
             assert_eq!(
                 seen(&|s| format!("{:?}", s.weight_format)),
-                WeightFormat::ALL.len() - 1 + int4
+                WeightFormat::ALL.len() - 2 + 2 * int4
             );
             assert_eq!(seen(&|s| format!("{:?}", s.act_dtype)), ActDtype::ALL.len());
             assert_eq!(seen(&|s| format!("{:?}", s.scale_layout)), 4 + int4); // none, 3 MX, aiter_int4
