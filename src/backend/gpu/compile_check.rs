@@ -63,7 +63,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 fp8_fnuz: fp8 && bit(5),
                                 // every split the heuristics can pick, rotated over stages
                                 split_k: [[8, 4, 2, 1][n % 4], [8, 4, 2, 1][(n / 4) % 4]],
-                                stream_bm: STREAM_TILE_ROWS[(n / 16) % 2],
+                                stream_bm: STREAM_TILE_ROWS[0], // the default; 32 below
                                 // both tile heights and widths meet every format
                                 wgmma_n: [128, 256][chosen % 2],
                                 wgmma_bm: [128, 64][(chosen / 2) % 2],
@@ -105,6 +105,15 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(unfused);
+                                // MOEPLUG_STREAM_BM=32 (the stream family's 32-row tiles, an
+                                // opt-in): that variant of every other stream configuration.
+                                let tall = (family == Family::Stream && chosen % 2 == 1)
+                                    .then(|| KernelSpec {
+                                        stream_bm: STREAM_TILE_ROWS[1],
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(tall);
                                 // GELU_TANH differs from GELU in the epilogue's one call:
                                 // it is compiled wherever GELU is.
                                 let tanh =
