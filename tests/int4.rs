@@ -12,33 +12,15 @@ use moeplug::prep::request::{run_host, PrepareMoe, PrepareTarget, PrepareTargetA
 use moeplug::prep::steps::{self, RowMap};
 use moeplug::tensor::{DeviceKind, ElemType, Tensor};
 use moeplug::types::{ScaleLayout, WeightFormat, WeightLayout};
-use serde_json::Value;
 
+/// A tensor of tests/golden/aiter_int4.json: bytes and shape.
 fn golden(case: &str, role: &str, name: &str) -> (Vec<u8>, Vec<usize>) {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let m: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("aiter_int4.json")).unwrap())
-            .unwrap();
-    let c = m["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == case)
-        .unwrap();
-    let t = c["tensors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["role"] == role && t["name"] == name)
-        .unwrap();
-    let bytes = std::fs::read(dir.join(t["file"].as_str().unwrap())).unwrap();
-    let shape = t["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap() as usize)
-        .collect();
-    (bytes, shape)
+    let g = common::tensor(
+        common::case_of(&common::manifest_in("aiter_int4.json"), case),
+        role,
+        name,
+    );
+    (g.bytes, g.shape)
 }
 
 #[test]

@@ -13,39 +13,19 @@ use moeplug::prep::int4;
 use moeplug::prep::request::{run_host, PrepareMoe, PrepareTarget, PrepareTargetArgs};
 use moeplug::tensor::{DeviceKind, ElemType, Tensor};
 use moeplug::types::{GateMode, WeightFormat, WeightLayout};
-use serde_json::Value;
 
 const INT4_PER_CHANNEL: i32 = 9;
 
+/// A tensor of tests/golden/aiter_int4_per_channel.json (made from AITER at e4048607):
+/// bytes and shape.
 fn golden(case: &str, role: &str, name: &str) -> (Vec<u8>, Vec<usize>) {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let text = std::fs::read_to_string(dir.join("aiter_int4_per_channel.json")).unwrap();
-    let m: Value = serde_json::from_str(&text).unwrap();
+    let m = common::manifest_in("aiter_int4_per_channel.json");
     assert_eq!(
         m["aiter_commit"],
         "e4048607a535ace3a2b51ded31b1c8c2d45c0879"
     );
-    let c = m["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == case)
-        .unwrap_or_else(|| panic!("no golden case {case}"));
-    let t = c["tensors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["role"] == role && t["name"] == name)
-        .unwrap();
-    let bytes = std::fs::read(dir.join(t["file"].as_str().unwrap())).unwrap();
-    assert_eq!(bytes.len() as u64, t["nbytes"].as_u64().unwrap());
-    let shape = t["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap() as usize)
-        .collect();
-    (bytes, shape)
+    let g = common::tensor(common::case_of(&m, case), role, name);
+    (g.bytes, g.shape)
 }
 
 /// convert_int8_to_uint32_int4 then rearrange_4bit_elements is moeplug's word packing; the

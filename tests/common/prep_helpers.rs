@@ -66,21 +66,30 @@ pub fn golden_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
-pub fn manifest() -> &'static Value {
-    static M: OnceLock<Value> = OnceLock::new();
-    M.get_or_init(|| {
-        let text = std::fs::read_to_string(golden_dir().join("manifest.json")).unwrap();
-        serde_json::from_str(&text).unwrap()
-    })
+/// A golden manifest of tests/golden by file name (`manifest.json`: the upstream vectors;
+/// `aiter_int4*.json`: made by scripts/gen_golden_int4.py).
+pub fn manifest_in(file: &str) -> Value {
+    let text = std::fs::read_to_string(golden_dir().join(file)).unwrap();
+    serde_json::from_str(&text).unwrap()
 }
 
-pub fn case(name: &str) -> &'static Value {
-    manifest()["cases"]
+pub fn manifest() -> &'static Value {
+    static M: OnceLock<Value> = OnceLock::new();
+    M.get_or_init(|| manifest_in("manifest.json"))
+}
+
+/// The case `name` of a manifest.
+pub fn case_of<'m>(m: &'m Value, name: &str) -> &'m Value {
+    m["cases"]
         .as_array()
         .unwrap()
         .iter()
         .find(|c| c["name"] == name)
         .unwrap_or_else(|| panic!("no golden case {name}"))
+}
+
+pub fn case(name: &str) -> &'static Value {
+    case_of(manifest(), name)
 }
 
 /// A golden tensor: bytes, shape, torch dtype name.
