@@ -292,6 +292,8 @@ def prepare_raw(fmt, gate_mode, tensors, device, target, align=(0, 0)):
             continue
         shape = tuple(getattr(sizes, name + "_shape")[:ndim])
         dtype = tensors[name].dtype
+        if fmt == "int4_per_channel" and name in ("w13", "w2") and dtype == torch.int8:
+            dtype = WFMT[fmt][1]  # int8-held values in, uint32 words (int32 in torch) out
         outs[name] = poisoned(shape, dtype) if device == DEV else torch.empty(shape, dtype=dtype)
         d = describe(outs[name], "out_" + name, writable=True)
         keep.append(d)
