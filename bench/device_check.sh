@@ -1,13 +1,33 @@
 #!/usr/bin/env bash
 # One GPU-machine call: the GPU suite (default heuristics), then the peer kit. Logs to $OUT.
 #   bash bench/device_check.sh [suite|kit|both] [extra kit args...]
-# Env: SUITE_ARGS (pytest args), SUITE_FAMILY (MOEPLUG_GPU_FAMILY for a second suite pass).
+# Env: SUITE_ARGS (pytest args), SUITE_FAMILY (MOEPLUG_GPU_FAMILY for a second suite pass),
+# SUITE_JOBS (pytest processes at once, default 1), SUITE_TIMEOUT / KIT_TIMEOUT (s).
 set -uo pipefail
 what=${1:-both}; shift || true
 export MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so PYTHONUNBUFFERED=1
 export MOEPLUG_CACHE_DIR=/tmp/moeplug-cache
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-if [ "$what" != kit ]; then
+if [ "$what" != kit ] && [ "${SUITE_JOBS:-1}" -gt 1 ]; then
+  # SUITE_JOBS pytest processes at once on the one GPU, each a contiguous run of the suite's
+  # test ids (neighbouring tests share kernel configurations: each is compiled by one process,
+  # and the disk cache serves the others); a cold suite is mostly NVRTC, which has the cores.
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/gpu ${SUITE_ARGS:-} 2>/dev/null \
+    | grep "::" >$OUT/suite_ids.txt
+  total=$(wc -l <$OUT/suite_ids.txt)
+  for g in $(seq 0 $((SUITE_JOBS - 1))); do
+    mapfile -t ids < <(awk -v g=$g -v n=$SUITE_JOBS -v t=$total \
+      'NR - 1 >= int(g * t / n) && NR - 1 < int((g + 1) * t / n)' $OUT/suite_ids.txt)
+    timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rf "${ids[@]}" \
+      >$OUT/suite_$g.log 2>&1 &
+  done
+  wait
+  echo "suite: $total tests in $SUITE_JOBS processes"
+  for g in $(seq 0 $((SUITE_JOBS - 1))); do
+    grep -E "^(FAILED|ERROR) " $OUT/suite_$g.log | head -10
+    echo "  process $g: $(grep -E "[0-9]+ (passed|failed|skipped|errors?) .*in [0-9.]+s" $OUT/suite_$g.log | tail -1)"
+  done
+elif [ "$what" != kit ]; then
   timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/gpu ${SUITE_ARGS:-} 2>&1 \
     | tee $OUT/suite.log | grep -v "^\.*$" | tail -25
   if [ -n "${SUITE_FAMILY:-}" ]; then

@@ -15,6 +15,7 @@
 #   SAN_KERNELS=filter  --kernel-name filter (default regex=^(moe|prep)_: only our kernels are
 #                       instrumented, torch's run unchecked at full speed); empty = every kernel
 #   SAN_TIMEOUT=s       per shard (default 540: one 600 s call)
+#   SAN_JOBS=k          shards run at once (default 1), each its own sanitizer and pytest
 #   SAN_PRINT_LIMIT=n   reports printed per process (default 20)
 #   SAN_SELFTEST=0      skip the self-test before first use in every process (MOEPLUG_SELFTEST=0)
 #                       and deselect tests/gpu/test_selftest.py, which needs it
@@ -77,16 +78,18 @@ if [ "${SAN_SELFTEST:-1}" = 0 ]; then
 fi
 echo "=== $(wc -l <"$OUT/all_ids.txt") tests in tests/gpu, $(wc -l <"$OUT/selected_ids.txt") selected for $tool, $n shards"
 
-total_errors=0
-worst=0
-for i in ${which//,/ }; do
+# One shard: its sanitizer run, then its report in $OUT/report_<tool>_<i>of<n>.txt (errors
+# and rc on the first line).
+run_shard() {
+  local i=$1 ids log start rc secs errors summaries result report
   mapfile -t ids < <(awk -v i="$i" -v n="$n" '(NR - 1) % n == i - 1' "$OUT/selected_ids.txt")
   log=$OUT/sanitize_${tool}_${i}of${n}.log
-  start=$(date +%s)
+  report=$OUT/report_${tool}_${i}of${n}.txt
   if [ ${#ids[@]} -eq 0 ]; then
-    echo "--- $tool shard $i/$n: no tests"
-    continue
+    printf '0 0\n--- %s shard %s/%s: no tests\n' "$tool" "$i" "$n" >"$report"
+    return
   fi
+  start=$(date +%s)
   timeout "${SAN_TIMEOUT:-540}" "${san[@]}" python3 -m pytest -q -p no:cacheprovider "${ids[@]}" >"$log" 2>&1
   rc=$?
   secs=$(($(date +%s) - start))
@@ -101,17 +104,38 @@ for i in ${which//,/ }; do
     errors=$(grep -oE "ERROR SUMMARY: [0-9]+ error" "$log" | awk '{s += $3} END {print s + 0}')
     summaries=$(grep -c "ERROR SUMMARY" "$log")
   fi
+  [ "$summaries" -eq 0 ] && [ $rc -eq 0 ] && rc=4
   result=$(grep -v "^=========" "$log" | grep -E "[0-9]+ (passed|failed|errors?|skipped).* in [0-9.]+s" | tail -1)
-  echo "--- $tool shard $i/$n: ${#ids[@]} tests, ${result:-no pytest summary}"
-  echo "    ERROR SUMMARY: $errors errors ($summaries sanitizer summaries), ${secs} s, rc=$rc"
-  if [ "$summaries" -eq 0 ]; then
-    echo "    no sanitizer summary: the sanitizer did not finish (see $log)"
-    [ $rc -eq 0 ] && rc=4
+  {
+    echo "$errors $rc"
+    echo "--- $tool shard $i/$n: ${#ids[@]} tests, ${result:-no pytest summary}"
+    echo "    ERROR SUMMARY: $errors errors ($summaries sanitizer summaries), ${secs} s, rc=$rc"
+    [ "$summaries" -eq 0 ] && echo "    no sanitizer summary: the sanitizer did not finish (see $log)"
+    [ $rc -eq 124 ] && echo "    TIMED OUT after ${SAN_TIMEOUT:-540} s: use more shards (SHARD=i/$((n * 2)))"
+    grep -E "^========= (Invalid|Uninitialized|Race|Error|Barrier|.*hazard)" "$log" | sort | uniq -c | head -10
+  } >"$report"
+}
+
+# SAN_JOBS shards at once (separate processes on the one GPU; the sanitizer's cost is mostly
+# on the host, which has the cores), then the reports in shard order.
+running=0
+for i in ${which//,/ }; do
+  run_shard "$i" &
+  running=$((running + 1))
+  if [ $running -ge "${SAN_JOBS:-1}" ]; then
+    wait -n
+    running=$((running - 1))
   fi
-  [ $rc -eq 124 ] && echo "    TIMED OUT after ${SAN_TIMEOUT:-540} s: use more shards (SHARD=i/$((n * 2)))"
-  grep -E "^========= (Invalid|Uninitialized|Race|Error|Barrier|.*hazard)" "$log" | sort | uniq -c | head -10
+done
+wait
+total_errors=0
+worst=0
+for i in ${which//,/ }; do
+  report=$OUT/report_${tool}_${i}of${n}.txt
+  read -r errors rc <"$report"
+  tail -n +2 "$report"
   total_errors=$((total_errors + errors))
-  [ $rc -gt $worst ] && worst=$rc
+  [ "$rc" -gt $worst ] && worst=$rc
 done
 echo "=== $tool shards $which/$n: $total_errors errors in total"
 exit $worst
