@@ -67,6 +67,7 @@
 // 16 bytes of a stream read once (weights): not kept in L1.
 __device__ __forceinline__ uint4 sw_load_stream(const u8* p) {
 #ifdef MP_HOST  // the emulator (scripts/emu)
+  emu_note_stream_load(p);
   return *(const uint4*)p;
 #else
   uint4 v;
@@ -76,6 +77,46 @@ __device__ __forceinline__ uint4 sw_load_stream(const u8* p) {
   return v;
 #endif
 }
+// L2 prefetch (MOEPLUG_STREAM_PREFETCH, spec::StreamPrefetch): the register loads one step
+// ahead are the only bytes in flight otherwise, ~32 KiB per SM, and they bind decode on the
+// H200 (taller tiles with half the warps ran 1.3-1.9x slower, bench/NOTES.md); a prefetch
+// holds no register. SW_PF > 0: each warp asks for the lines of its step SW_PF of its steps
+// beyond the register loads (and MXFP4 its next step's activations into the L1). SW_PF_TILE:
+// the block asks once for every weight byte it reads.
+#if !defined(SW_PF) || !defined(SW_PF_TILE)
+#error "SW_PF / SW_PF_TILE: the stream family's L2 prefetch (spec::StreamPrefetch)"
+#endif
+#if SW_PF_TILE && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "SW_PF_TILE: the bulk L2 prefetch needs sm_90"
+#endif
+// The 128-byte line holding p into the L2 (a hint: no register, no L1 line, no fault).
+__device__ __forceinline__ void sw_prefetch_line(const u8* p) {
+#ifdef MP_HOST
+  emu_note_prefetch_line(p);
+#else
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+// The line holding p into the L1 (and the L2): data the block reads again within a step.
+__device__ __forceinline__ void sw_prefetch_line_l1(const u8* p) {
+#ifdef MP_HOST
+  (void)p;
+#else
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+#endif
+}
+// `bytes` (a multiple of 16) from p (16-byte aligned) into the L2, by the copy engine.
+__device__ __forceinline__ void sw_prefetch_bulk(const u8* p, u32 bytes) {
+#if defined(MP_HOST)
+  emu_note_prefetch_range(p, bytes);
+#elif !SW_PF_TILE
+  (void)p;
+  (void)bytes;
+#else
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 __device__ __forceinline__ u32 sw_word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant
 }
@@ -133,7 +174,8 @@ __device__ void moe_gemm_stream(const Params& p) {
   const u8* S = (const u8*)(S1 ? p.w13_scale : p.w2_scale);
   int nchunks = K / SW_VALS, nsteps = (nchunks + 3) >> 2;
 
-  // This lane's weight rows: tile t, half h = row gid + 8 h of the tile.
+  // This lane's weight rows: tile t, half h = row gid + 8 h of the tile (a 16-row tile's
+  // weights are contiguous: pack c of its 16 rows at c * 256 bytes).
   int row0[2];
   bool tile_ok[2];
   const u8* wrow[2][2];
@@ -145,6 +187,33 @@ __device__ void moe_gemm_stream(const Params& p) {
     for (int h = 0; h < 2; ++h)
       wrow[t][h] = W + (i64)(row0[t] >> 4) * 16 * kbytes + (gid + 8 * h) * 16;
   }
+#if SW_PF_TILE
+  // The row group's first K warp asks for both tiles' packs in 16 KiB pieces, one per lane.
+  if (kw == 0) {
+    i64 bytes = (i64)nchunks * 256;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const u8* tile_bytes = W + (i64)(row0[t] >> 4) * 16 * kbytes;
+      for (i64 off = (i64)lane * 16384; tile_ok[t] && off < bytes; off += 32 * 16384)
+        sw_prefetch_bulk(tile_bytes + off, (u32)(bytes - off < 16384 ? bytes - off : 16384));
+    }
+  }
+#endif
+#if SW_PF > 0
+  // The lines a step's loads will read (lane (gid, tig) of half h reads line 2 tig + h of
+  // the step's 1 KiB per tile). `load` asks for step st + SW_PF KW at its own addresses plus
+  // an immediate; these are the steps between the first load's and the loop's first.
+  auto prefetch = [&](int st) {
+    int c = st * 4 + tig;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (c < nchunks && tile_ok[t]) sw_prefetch_line(wrow[t][h] + (i64)c * 256);
+  };
+#pragma unroll
+  for (int j = 2; j < SW_PF; ++j) prefetch(kw + j * KW);
+#endif
   // This lane's activation rows: token gid of each column tile (B operand), and for the
   // epilogue-side fold the tokens 2 tig, 2 tig + 1 of each column tile (C columns).
   const u8* xrow[SW_SUBS];
@@ -198,14 +267,24 @@ __device__ void moe_gemm_stream(const Params& p) {
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        l.w[t][h] = live && tile_ok[t] ? sw_load_stream(wrow[t][h] + (i64)c * 256)
-                                       : make_uint4(0u, 0u, 0u, 0u);
+      for (int h = 0; h < 2; ++h) {
+        const u8* a = wrow[t][h] + (i64)c * 256;
+        l.w[t][h] = live && tile_ok[t] ? sw_load_stream(a) : make_uint4(0u, 0u, 0u, 0u);
+#if SW_PF > 0
+        if (c + 4 * SW_PF * KW < nchunks && tile_ok[t]) sw_prefetch_line(a + SW_PF * KW * 1024);
+#endif
+      }
 #if SW_XPACKS == 1
 #pragma unroll
     for (int j = 0; j < SW_SUBS; ++j)
       l.x[j] = live && j < nsub && xrow[j] ? *(const uint4*)(xrow[j] + (i64)c * 16)
                                            : make_uint4(0u, 0u, 0u, 0u);
+#elif SW_PF > 0
+    // MXFP4's activations stay out of the registers until their step: their line into the
+    // L1 now, a step ahead (lanes tig, tig ^ 1 share one 128-byte line).
+#pragma unroll
+    for (int j = 0; j < SW_SUBS; ++j)
+      if (live && j < nsub && xrow[j]) sw_prefetch_line_l1(xrow[j] + (i64)c * 64);
 #endif
   };
   // Scales of a step, one step ahead in registers: MXFP4's e8m0 bytes of the lane's 4 rows;

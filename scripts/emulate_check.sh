@@ -26,6 +26,7 @@
 # usage: scripts/emulate_check.sh hip [ARCH...]      (default gfx942 gfx950)
 #        scripts/emulate_check.sh cuda [ARCH...]     (default sm_80 sm_89 sm_90)
 #   MOEPLUG_ZIG_PYTHON  python with ziglang installed (default .venv/bin/python)
+#   EMULATE_ONLY        an extended regex: only the configurations whose defines match
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -142,7 +143,7 @@ select_cuda() {
   while IFS=$'\t' read -r kind arch family defines twin; do
     [ "$kind" = emulate ] || continue
     key=$family
-    for d in BM WFMT ACT_Q ACT_F16 SW_KW1 SW_KW2; do
+    for d in BM WFMT ACT_Q ACT_F16 SW_KW1 SW_KW2 SW_PF SW_PF_TILE; do
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
     [ -z "${seen[$key]+x}" ] || continue
@@ -151,6 +152,14 @@ select_cuda() {
   done <<<"$configs"
 }
 "select_$target"
+# EMULATE_ONLY=ERE: only the selected configurations whose defines match (while developing).
+if [ -n "${EMULATE_ONLY:-}" ]; then
+  kept=()
+  for pick in "${picks[@]}"; do
+    if grep -qE -- "$EMULATE_ONLY" <<<"${pick#*|*|}"; then kept+=("$pick"); fi
+  done
+  picks=("${kept[@]}")
+fi
 
 n=0
 failed=0

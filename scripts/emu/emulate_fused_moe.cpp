@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <mutex>
+#include <set>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -16,6 +19,39 @@ thread_local emu_uint3 threadIdx, blockIdx;
 std::barrier<>* emu_block_barrier;
 std::barrier<>* emu_group_barrier[EMU_MAX_GROUPS];
 int emu_block_count;
+
+// The 128-byte lines (byte address / 128) the stream family prefetched and loaded, keyed by
+// the block, and for a warp's own prefetches (one line) by the warp too: a line a warp asks
+// for must be read by that warp, a range the block asks for (bulk) by the block's warps.
+using EmuLine = std::tuple<unsigned, unsigned, int, uintptr_t>;  // block x, y, warp or -1, line
+static std::mutex emu_lines_mutex;
+static std::set<EmuLine> emu_prefetched, emu_loaded;
+void emu_note_prefetch_line(const void* p) {
+  std::lock_guard<std::mutex> g(emu_lines_mutex);
+  emu_prefetched.insert({blockIdx.x, blockIdx.y, (int)(threadIdx.x / EMU_LANES), (uintptr_t)p >> 7});
+}
+void emu_note_prefetch_range(const void* p, unsigned long bytes) {
+  std::lock_guard<std::mutex> g(emu_lines_mutex);
+  for (uintptr_t a = (uintptr_t)p; a < (uintptr_t)p + bytes; a += 16)
+    emu_prefetched.insert({blockIdx.x, blockIdx.y, -1, a >> 7});
+}
+void emu_note_stream_load(const void* p) {
+  std::lock_guard<std::mutex> g(emu_lines_mutex);
+  int warp = (int)(threadIdx.x / EMU_LANES);
+  emu_loaded.insert({blockIdx.x, blockIdx.y, warp, (uintptr_t)p >> 7});
+  emu_loaded.insert({blockIdx.x, blockIdx.y, -1, (uintptr_t)p >> 7});
+}
+// After a stage: every prefetched line was loaded (exits 3 otherwise); prints the counts.
+static void check_prefetch(const char* stage) {
+  size_t unread = 0;
+  for (const EmuLine& l : emu_prefetched) unread += !emu_loaded.count(l);
+  if (!emu_prefetched.empty())
+    fprintf(stderr, "emulate_fused_moe: %s: %zu prefetched lines, %zu of them never read by the "
+            "warp or block that asked\n", stage, emu_prefetched.size(), unread);
+  if (unread) exit(3);
+  emu_prefetched.clear();
+  emu_loaded.clear();
+}
 #ifdef EMU_CUDA
 EmuWarp emu_warps[EMU_MAX_GROUPS];
 #else
@@ -193,10 +229,12 @@ int main(int argc, char** argv) {
   if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax1, p, M, 1, THREADS);
   if (ACT_Q) launch(moe_quant1, p, M, 1, THREADS);
   launch(moe_stage1, p, max_tiles, (I + n1 - 1) / n1, gemm_threads);
+  check_prefetch("stage 1");
   if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax2, p, pairs, 1, THREADS);
   if (ACT_Q) launch(moe_quant2, p, pairs, 1, THREADS);
   p.ncb2 = (H + n2 - 1) / n2;
   launch(moe_stage2, p, max_tiles, p.ncb2, gemm_threads);
+  check_prefetch("stage 2");
   launch(moe_reduce, p, M, (H + THREADS - 1) / THREADS, THREADS);
 
   FILE* f = fopen(argv[1], "wb");

@@ -42,6 +42,14 @@ extern std::barrier<>* emu_block_barrier;
 // One barrier per warp (wave) of the running block: the lanes of a matrix instruction.
 extern std::barrier<>* emu_group_barrier[EMU_MAX_GROUPS];
 
+// The 128-byte lines the stream family asks the L2 for, and those its weight loads read
+// (emulate_fused_moe.cpp): every prefetched line must be read by the warp (one line) or the
+// block (a bulk range) that asked, or the prefetch addresses are wrong (on a GPU they would
+// only cost bandwidth, silently).
+void emu_note_prefetch_line(const void* p);
+void emu_note_prefetch_range(const void* p, unsigned long bytes);
+void emu_note_stream_load(const void* p);
+
 static inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
 // The block's count of non-zero predicates, returned to every thread.
 extern int emu_block_count;

@@ -5,7 +5,7 @@
 //! every value of each option is compiled in every family.
 
 use super::heuristics::{selectable, STREAM_TILE_ROWS};
-use super::spec::{Family, KernelSpec};
+use super::spec::{Family, KernelSpec, StreamPrefetch};
 use crate::types::{ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
 pub fn selectable_specs(sm: u32) -> Vec<KernelSpec> {
@@ -64,6 +64,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 // every split the heuristics can pick, rotated over stages
                                 split_k: [[8, 4, 2, 1][n % 4], [8, 4, 2, 1][(n / 4) % 4]],
                                 stream_bm: STREAM_TILE_ROWS[0], // the default; 32 below
+                                stream_prefetch: StreamPrefetch::Off, // the default; others below
                                 // both tile heights and widths meet every format
                                 wgmma_n: [128, 256][chosen % 2],
                                 wgmma_bm: [128, 64][(chosen / 2) % 2],
@@ -114,6 +115,27 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(tall);
+                                // MOEPLUG_STREAM_PREFETCH (opt-in) on the other stream
+                                // configurations, rotated: one step with K split 2 (the host
+                                // emulation's K, 256 / 96, then reaches past the distance in
+                                // both stages for 16-bit weights, so a prefetch address that
+                                // misses the split shows there, docs/emulation.md), the whole
+                                // tile (sm_90 only), four steps (the steps before the loop).
+                                let prefetched = (family == Family::Stream && chosen % 2 == 0)
+                                    .then(|| {
+                                        let mut s = spec.clone();
+                                        match (chosen / 2) % 3 {
+                                            0 => {
+                                                s.stream_prefetch = StreamPrefetch::Steps(1);
+                                                s.split_k = [2, 2];
+                                            }
+                                            1 => s.stream_prefetch = StreamPrefetch::Tile,
+                                            _ => s.stream_prefetch = StreamPrefetch::Steps(4),
+                                        }
+                                        s
+                                    })
+                                    .filter(&keep);
+                                out.extend(prefetched);
                                 // GELU_TANH differs from GELU in the epilogue's one call:
                                 // it is compiled wherever GELU is.
                                 let tanh =

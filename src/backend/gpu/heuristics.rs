@@ -5,7 +5,7 @@
 
 use once_cell::sync::Lazy;
 
-use super::spec::{Family, FamilySet, KernelSpec};
+use super::spec::{Family, FamilySet, KernelSpec, StreamPrefetch};
 use crate::error::{Error, Result};
 use crate::moe::check::LaunchShape;
 use crate::moe::MoeLaunch;
@@ -73,6 +73,15 @@ static STREAM_BM_PREFERENCE: Lazy<Option<u32>> =
     Lazy::new(|| env_choice("MOEPLUG_STREAM_BM").filter(|bm| STREAM_TILE_ROWS.contains(bm)));
 /// The stream family's tile heights (`BM`).
 pub const STREAM_TILE_ROWS: [u32; 2] = [16, 32];
+
+/// `MOEPLUG_STREAM_PREFETCH=0|1..8|tile`: the stream family's L2 prefetch of its weights
+/// (benchmarks; [`StreamPrefetch::parse`]). Off, the default, is what the H200 has measured;
+/// `tile` applies on sm_90+ only.
+static STREAM_PREFETCH_PREFERENCE: Lazy<Option<StreamPrefetch>> = Lazy::new(|| {
+    std::env::var("MOEPLUG_STREAM_PREFETCH")
+        .ok()
+        .and_then(|v| StreamPrefetch::parse(&v))
+});
 
 /// `MOEPLUG_FUSED_COMBINE=0|1`: a diagnostic switch of the fused top-k combine (A/B on a
 /// device); 1, like unset, fuses it where the family covers it, 0 launches `moe_reduce`.
@@ -178,6 +187,9 @@ pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
     use WeightFormat as W;
     if sm < 80 {
         return Some("needs sm_80 (mma.sync)");
+    }
+    if spec.stream_prefetch == StreamPrefetch::Tile && sm < 90 {
+        return Some("the bulk L2 prefetch needs sm_90");
     }
     // Stage 2 of a separate stage-2 act dtype is a module of its own: both must be covered.
     if spec.separate_stage2() {
@@ -398,6 +410,12 @@ pub fn spec_for(
             spec.split_k = [kw, kw];
         }
         spec.stream_bm = STREAM_BM_PREFERENCE.unwrap_or(STREAM_TILE_ROWS[0]);
+        spec.stream_prefetch = match *STREAM_PREFETCH_PREFERENCE {
+            Some(StreamPrefetch::Tile) if sm_version(arch).is_some_and(|sm| sm < 90) => {
+                StreamPrefetch::Off
+            }
+            p => p.unwrap_or(StreamPrefetch::Off),
+        };
     }
     if family == Family::Wgmma {
         // Each step (the diagnostic shape, then TMA, then warp specialisation) is taken only
@@ -516,6 +534,24 @@ mod tests {
         assert_eq!(stream_split_k(12, 100_000), 2); // short K, many blocks
         assert_eq!(stream_split_k(12, 400), 8); // short K, few blocks: keep the SMs busy
         assert_eq!(stream_split_k(1, 1 << 20), 1);
+    }
+
+    #[test]
+    fn the_bulk_prefetch_is_selectable_on_sm_90_only() {
+        use super::super::compile_check::selectable_specs;
+        let tile = |s: &KernelSpec| s.stream_prefetch == StreamPrefetch::Tile;
+        let on90: Vec<KernelSpec> = selectable_specs(90).into_iter().filter(tile).collect();
+        assert!(!on90.is_empty());
+        for sm in [80, 89] {
+            assert!(!selectable_specs(sm).iter().any(tile), "sm_{sm}");
+            assert_eq!(
+                stream_spec_unsupported(sm, &on90[0]),
+                Some("the bulk L2 prefetch needs sm_90")
+            );
+        }
+        assert!(selectable_specs(90)
+            .iter()
+            .any(|s| matches!(s.stream_prefetch, StreamPrefetch::Steps(_))));
     }
 
     #[test]

@@ -766,6 +766,7 @@ fn default_spec() -> spec::KernelSpec {
         fp8_fnuz: false,
         split_k: [8, 8],
         stream_bm: 16,
+        stream_prefetch: spec::StreamPrefetch::Off,
         wgmma_n: 128,
         wgmma_bm: 128,
         wgmma_blocks: 1,

@@ -108,6 +108,40 @@ impl FromIterator<Family> for FamilySet {
     }
 }
 
+/// How the stream family keeps more weight bytes in flight than its registers hold: its
+/// register loads run one step ahead, which on the H200 keeps ~32 KiB in flight per SM and
+/// binds decode (bench/NOTES.md, session 6); an L2 prefetch costs no registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StreamPrefetch {
+    /// None: the register loads alone.
+    Off,
+    /// Every warp asks the L2 (`prefetch.global.L2`) for the weight lines of its step this
+    /// many of its steps beyond the one its registers load (sm_80+).
+    Steps(u32),
+    /// At its start the block asks the L2 for every weight byte it will read
+    /// (`cp.async.bulk.prefetch.L2`, sm_90+).
+    Tile,
+}
+
+impl StreamPrefetch {
+    /// The farthest `Steps` distance the experiment takes: 8 steps are 16 KiB of a warp's
+    /// weights in flight, 8x what its registers hold.
+    pub const MAX_STEPS: u32 = 8;
+
+    /// `MOEPLUG_STREAM_PREFETCH`'s spelling: "0" (off), "1" to "8" (steps), "tile".
+    pub fn parse(v: &str) -> Option<StreamPrefetch> {
+        match v.trim() {
+            "tile" => Some(StreamPrefetch::Tile),
+            "0" => Some(StreamPrefetch::Off),
+            n => n
+                .parse()
+                .ok()
+                .filter(|n| (1..=Self::MAX_STEPS).contains(n))
+                .map(StreamPrefetch::Steps),
+        }
+    }
+}
+
 /// Everything the compiled kernel is specialised for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct KernelSpec {
@@ -137,6 +171,9 @@ pub struct KernelSpec {
     /// Stream family: sorted rows per tile (`BM`, 16 or 32: two or four 8-token column tiles
     /// against each weight step). Unused by the others.
     pub stream_bm: u32,
+    /// Stream family: weight prefetch into the L2 ahead of the register loads
+    /// (`SW_PF`, `SW_PF_TILE`). Unused by the others.
+    pub stream_prefetch: StreamPrefetch,
     /// Wgmma family: weight rows per warpgroup MMA (`WG_N`, 128 or 256) and sorted rows per
     /// tile (`BM`, 64 or 128). Unused by the others.
     pub wgmma_n: u32,
@@ -175,6 +212,7 @@ impl KernelSpec {
             fp8_fnuz: launch.w13.elem == ElemType::Fp8E4m3fnuz,
             split_k: [8, 8],
             stream_bm: 16,
+            stream_prefetch: StreamPrefetch::Off,
             wgmma_n: 128,
             wgmma_bm: 128,
             wgmma_blocks: 1,
@@ -353,6 +391,13 @@ impl KernelSpec {
         if self.family == Family::Stream {
             d.push(format!("SW_KW1={}", self.split_k[0]));
             d.push(format!("SW_KW2={}", self.split_k[1]));
+            let (steps, tile) = match self.stream_prefetch {
+                StreamPrefetch::Off => (0, false),
+                StreamPrefetch::Steps(n) => (n, false),
+                StreamPrefetch::Tile => (0, true),
+            };
+            d.push(format!("SW_PF={steps}"));
+            d.push(format!("SW_PF_TILE={}", b(tile)));
         }
         if self.family == Family::Wgmma {
             d.push(format!("WG_N={}", self.wgmma_n));
@@ -402,6 +447,23 @@ pub fn abi_prelude() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_prefetch_spellings() {
+        use StreamPrefetch as P;
+        for (v, want) in [
+            ("0", Some(P::Off)),
+            ("1", Some(P::Steps(1))),
+            (" 8 ", Some(P::Steps(8))),
+            ("tile", Some(P::Tile)),
+            ("9", None),
+            ("-1", None),
+            ("Tile", None),
+            ("", None),
+        ] {
+            assert_eq!(P::parse(v), want, "{v:?}");
+        }
+    }
 
     #[test]
     fn prelude_names_every_value_the_kernels_use() {
