@@ -188,7 +188,7 @@ pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
     if sm < 80 {
         return Some("needs sm_80 (mma.sync)");
     }
-    if spec.stream_prefetch == StreamPrefetch::Tile && sm < 90 {
+    if spec.stream_prefetch.on(sm) != spec.stream_prefetch {
         return Some("the bulk L2 prefetch needs sm_90");
     }
     // Stage 2 of a separate stage-2 act dtype is a module of its own: both must be covered.
@@ -410,12 +410,8 @@ pub fn spec_for(
             spec.split_k = [kw, kw];
         }
         spec.stream_bm = STREAM_BM_PREFERENCE.unwrap_or(STREAM_TILE_ROWS[0]);
-        spec.stream_prefetch = match *STREAM_PREFETCH_PREFERENCE {
-            Some(StreamPrefetch::Tile) if sm_version(arch).is_some_and(|sm| sm < 90) => {
-                StreamPrefetch::Off
-            }
-            p => p.unwrap_or(StreamPrefetch::Off),
-        };
+        let prefetch = STREAM_PREFETCH_PREFERENCE.unwrap_or(StreamPrefetch::Off);
+        spec.stream_prefetch = sm_version(arch).map_or(prefetch, |sm| prefetch.on(sm));
     }
     if family == Family::Wgmma {
         // Each step (the diagnostic shape, then TMA, then warp specialisation) is taken only

@@ -128,6 +128,14 @@ impl StreamPrefetch {
     /// weights in flight, 8x what its registers hold.
     pub const MAX_STEPS: u32 = 8;
 
+    /// This prefetch as CUDA `sm` runs it: the bulk prefetch needs sm_90, below it none.
+    pub fn on(self, sm: u32) -> StreamPrefetch {
+        match self {
+            StreamPrefetch::Tile if sm < 90 => StreamPrefetch::Off,
+            p => p,
+        }
+    }
+
     /// `MOEPLUG_STREAM_PREFETCH`'s spelling: "0" (off), "1" to "8" (steps), "tile".
     pub fn parse(v: &str) -> Option<StreamPrefetch> {
         match v.trim() {
