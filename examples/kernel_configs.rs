@@ -10,32 +10,50 @@
 //! usage: cargo run --release --example kernel_configs -- DIR gfx942 gfx950
 //!
 //! With `--emulate` first (for `scripts/emulate_check.sh cuda`), the sources are written the
-//! same way and every CUDA configuration of the mma.sync families (`tile32`, `stream`) the
-//! heuristics can select on each arch (with moe_reduce, the default, in place of the opt-in
-//! fused combine) is printed with its fp32-family twin (same options,
-//! FAMILY_FP32), each with the grid facts the host emulator launches by:
+//! same way and every CUDA configuration of the mma.sync families (`tile32`, `stream`) and of
+//! `wgmma` (sm_90; as its cp.async kernel: WG_TMA=0, WG_WS=0) the heuristics can select on
+//! each arch (with moe_reduce, the default, in place of the opt-in fused combine) is printed
+//! with its fp32-family twin (same options, FAMILY_FP32), each with the grid facts the host
+//! emulator launches by:
 //!
 //!   emulate <TAB> arch <TAB> family <TAB> defines... <TAB> fp32 twin defines...
 //!
 //! usage: cargo run --release --example kernel_configs -- --emulate DIR sm_80 sm_89 sm_90
 
 use moeplug::backend::gpu::compile_check::selectable_specs;
+use moeplug::backend::gpu::heuristics::selectable;
 use moeplug::backend::gpu::hip::hiprtc_options;
 use moeplug::backend::gpu::kernel_configs::{headers, hip_exclusion, UNITS};
 use moeplug::backend::gpu::spec::{Family, KernelSpec};
 
 /// A spec's defines plus what the emulator's launches need from the host: the columns one
-/// block of stage 1 / stage 2 covers and the GEMM block's threads (src/backend/gpu/mod.rs).
-fn emulated_defines(spec: &KernelSpec) -> String {
+/// block of stage 1 / stage 2 covers, the GEMM block's threads and dynamic shared memory
+/// (src/backend/gpu/mod.rs), and `EMU_WG_SHAPES` (the larger problem of the wgmma family,
+/// for the family and its twin alike: `wg_shapes`).
+fn emulated_defines(spec: &KernelSpec, wg_shapes: bool) -> String {
     let (n1, n2) = spec.block_columns();
     let mut d: Vec<String> = spec.defines().iter().map(|d| format!("-D{d}")).collect();
     d.push(format!("-DEMU_N1={n1}"));
     d.push(format!("-DEMU_N2={n2}"));
     d.push(format!("-DEMU_THREADS={}", spec.gemm_threads()));
+    d.push(format!("-DEMU_DYN_SHARED={}", spec.dynamic_shared_bytes()));
+    d.push(format!("-DEMU_WG_SHAPES={}", wg_shapes as i32));
     d.join(" ")
 }
 
-/// The CUDA configurations of the mma.sync families, with their fp32 twins.
+/// The wgmma family's block shapes: (sorted rows per tile, weight rows per warpgroup MMA,
+/// blocks per SM).
+const WG_SHAPES: [(u32, u32, u32); 6] = [
+    (128, 128, 1),
+    (128, 128, 2),
+    (128, 256, 1),
+    (128, 256, 2),
+    (64, 128, 1),
+    (64, 256, 1),
+];
+
+/// The CUDA configurations of the mma.sync families and of the wgmma family's cp.async
+/// kernel (sm_90), with their fp32 twins.
 fn print_emulated(archs: &[String]) {
     for arch in archs {
         let Some(sm) = arch.strip_prefix("sm_").and_then(|s| s.parse::<u32>().ok()) else {
@@ -43,25 +61,48 @@ fn print_emulated(archs: &[String]) {
             std::process::exit(2);
         };
         for spec in selectable_specs(sm) {
-            if !matches!(spec.family, Family::Tile32 | Family::Stream) {
+            if !matches!(spec.family, Family::Tile32 | Family::Stream | Family::Wgmma) {
                 continue;
             }
             // The default launch path (the fused combine is opt-in, MOEPLUG_FUSED_COMBINE=1,
-            // and its arrival counters are not emulated).
+            // and its arrival counters are not emulated). Wgmma: the cp.async kernel, weight
+            // tiles without TMA and without warp specialisation (the launch's fallback where
+            // the driver has no tensor-map encoder; TMA and mbarriers are not emulated).
             let spec = KernelSpec {
                 fused_combine: false,
+                wgmma_tma: false,
+                wgmma_ws: false,
                 ..spec
             };
-            let twin = KernelSpec {
-                family: Family::Fp32,
-                ..spec.clone()
+            let wg = spec.family == Family::Wgmma;
+            // Wgmma: each block shape the heuristics can select for this configuration (the
+            // list's rotation of them is undone by the TMA options it also rotates).
+            let shapes: Vec<KernelSpec> = if wg {
+                WG_SHAPES
+                    .iter()
+                    .map(|&(bm, n, blocks)| KernelSpec {
+                        wgmma_bm: bm,
+                        wgmma_n: n,
+                        wgmma_blocks: blocks,
+                        ..spec.clone()
+                    })
+                    .filter(|s| selectable(sm, s))
+                    .collect()
+            } else {
+                vec![spec]
             };
-            println!(
-                "emulate\t{arch}\t{}\t{}\t{}",
-                spec.family.name(),
-                emulated_defines(&spec),
-                emulated_defines(&twin)
-            );
+            for spec in shapes {
+                let twin = KernelSpec {
+                    family: Family::Fp32,
+                    ..spec.clone()
+                };
+                println!(
+                    "emulate\t{arch}\t{}\t{}\t{}",
+                    spec.family.name(),
+                    emulated_defines(&spec, wg),
+                    emulated_defines(&twin, wg)
+                );
+            }
         }
     }
 }

@@ -62,6 +62,16 @@ grep -q EMU_ROUTE_SHARED "$work/src/moe_common.cuh" || {
   echo "emulate_check: moe_route's shared array not found in moe_common.cuh" >&2
   exit 1
 }
+# The wgmma kernels' dynamic shared array as the launch's buffer (gpu_emulator.h).
+if [ "$target" = cuda ]; then
+  sed -i 's/extern __shared__ u8 wg_smem_raw\[\];/u8* const wg_smem_raw = emu_dyn_shared;/' \
+    "$work/src/moe_gemm_wgmma.cuh"
+  if grep -q 'extern __shared__' "$work/src/moe_gemm_wgmma.cuh" ||
+    ! grep -q emu_dyn_shared "$work/src/moe_gemm_wgmma.cuh"; then
+    echo "emulate_check: the wgmma kernels' shared array not rewritten in moe_gemm_wgmma.cuh" >&2
+    exit 1
+  fi
+fi
 
 build() {  # out arch defines...
   local out=$1 arch=$2 mode
@@ -145,6 +155,9 @@ select_cuda() {
     for d in BM WFMT ACT_Q ACT_F16 SW_KW1 SW_KW2; do
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
+    # wgmma: and its weight rows per MMA and blocks per SM (absent from the other families).
+    key+=" $(grep -o -- "-DWG_N=[0-9]*" <<<"$defines" || true)"
+    key+=" $(grep -o -- "-DWG_MIN_BLOCKS=[0-9]*" <<<"$defines" || true)"
     [ -z "${seen[$key]+x}" ] || continue
     seen[$key]=1
     picks+=("$arch|$family|$defines|$twin")

@@ -25,7 +25,15 @@ EmuWave emu_waves[EMU_MAX_GROUPS];
 #include "fused_moe.cu"
 
 // Problem size: padded K in both stages (I < Ip); expert 0 gets several tiles (below).
+#if EMU_WG_SHAPES
+// The wgmma family and its fp32 twin (examples/kernel_configs.rs): expert 0 gets more than
+// one full 128-row tile (checked below), K spans several 128-byte steps in both stages (16-bit
+// stage 1: 8, more than the ring's stages; fp8: 4 and 2; stage 2's last one partial) and
+// stage 1's last column block is partial.
+static const int M = 192, TOPK = 2, E_GLOBAL = 4, H = 512, HP = 512, I = 224, IP = 256;
+#else
 static const int M = 53, TOPK = 2, E_GLOBAL = 4, H = 256, HP = 256, I = 96, IP = 128;
+#endif
 
 static unsigned long long rng_state = 0x9e3779b97f4a7c15ull;
 static unsigned rnd() {
@@ -87,7 +95,8 @@ static std::vector<u8> scales(int E, int N, int K) {
 }
 
 template <typename F>
-static void launch(F kernel, const Params& p, int gx, int gy, int threads) {
+static void launch(F kernel, const Params& p, int gx, int gy, int threads,
+                   unsigned dyn_bytes = 0) {
   std::barrier<> block(threads);
   emu_block_barrier = &block;
   int groups = threads / EMU_LANES;
@@ -97,6 +106,10 @@ static void launch(F kernel, const Params& p, int gx, int gy, int threads) {
     exit(2);
   }
   for (int w = 0; w < groups; ++w) emu_group_barrier[w] = new std::barrier<>(EMU_LANES);
+  // Warpgroups (wgmma) and the dynamic shared memory (gpu_emulator.h).
+  for (int g = 0; g < groups / 4; ++g) emu_wg_barrier[g] = new std::barrier<>(4 * EMU_LANES);
+  std::vector<unsigned char> dyn(dyn_bytes);
+  emu_dyn_shared = dyn.data(), emu_dyn_bytes = dyn_bytes;
   std::vector<std::thread> ts;
   for (int t = 0; t < threads; ++t)
     ts.emplace_back([&, t] {
@@ -104,12 +117,18 @@ static void launch(F kernel, const Params& p, int gx, int gy, int threads) {
       for (int y = 0; y < gy; ++y)
         for (int x = 0; x < gx; ++x) {
           blockIdx = {(unsigned)x, (unsigned)y, 0};
+          if (dyn_bytes) {  // what the last block left is not this block's data
+            if (t == 0) memset(dyn.data(), 0xff, dyn_bytes);
+            __syncthreads();
+          }
           kernel(p);
+          if (emu_async_pending) emu_fail("left a block with asynchronous operations pending", emu_async_pending);
           __syncthreads();  // the next block starts after every thread left this one
         }
     });
   for (auto& t : ts) t.join();
   for (int w = 0; w < groups; ++w) delete emu_group_barrier[w];
+  for (int g = 0; g < groups / 4; ++g) delete emu_wg_barrier[g];
 }
 
 int main(int argc, char** argv) {
@@ -141,6 +160,14 @@ int main(int argc, char** argv) {
       tw[t * TOPK + s] = 0.25f + 0.5f * (rnd() % 100) / 100.0f;
     }
 
+#if EMU_WG_SHAPES
+  int rows0 = 0;
+  for (int id : ids) rows0 += id == 0;
+  if (rows0 <= 128) {
+    fprintf(stderr, "emulate_fused_moe: expert 0 has %d rows, not more than a 128-row tile\n", rows0);
+    return 2;
+  }
+#endif
   // Routing outputs (moe_route fills them): at most one partial tile per expert.
   int pairs = M * TOPK, total = 0;
   int max_tiles = E + (pairs + BM - 1) / BM;
@@ -189,14 +216,19 @@ int main(int argc, char** argv) {
   // column only skips its stores).
   const int n1 = 64, n2 = 64, gemm_threads = THREADS;
 #endif
+#ifdef EMU_DYN_SHARED
+  const unsigned dyn = EMU_DYN_SHARED;  // the GEMM blocks' dynamic shared memory (spec)
+#else
+  const unsigned dyn = 0;
+#endif
   launch(moe_route, p, 1, 1, SCAN_THREADS);
   if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax1, p, M, 1, THREADS);
   if (ACT_Q) launch(moe_quant1, p, M, 1, THREADS);
-  launch(moe_stage1, p, max_tiles, (I + n1 - 1) / n1, gemm_threads);
+  launch(moe_stage1, p, max_tiles, (I + n1 - 1) / n1, gemm_threads, dyn);
   if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax2, p, pairs, 1, THREADS);
   if (ACT_Q) launch(moe_quant2, p, pairs, 1, THREADS);
   p.ncb2 = (H + n2 - 1) / n2;
-  launch(moe_stage2, p, max_tiles, p.ncb2, gemm_threads);
+  launch(moe_stage2, p, max_tiles, p.ncb2, gemm_threads, dyn);
   launch(moe_reduce, p, M, (H + THREADS - 1) / THREADS, THREADS);
 
   FILE* f = fopen(argv[1], "wb");

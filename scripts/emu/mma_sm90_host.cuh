@@ -1,0 +1,180 @@
+// kernels/mma_sm90.cuh's instructions on the host, and the asynchronous shared-memory copies of
+// kernels/moe_gemm_wgmma.cuh, for scripts/emulate_check.sh cuda (included by mma_sm90.cuh under
+// MP_HOST; gpu_emulator.h provides the threads, the warpgroup barriers and the block's dynamic
+// shared memory). Written from the PTX ISA, independently of the kernel's indexing:
+//
+// wgmma.mma_async.sync.aligned.m64nNkK.f32.T.T d, a-desc, b-desc, scale-d, 1, 1[, 0, 0]
+//   D (64 x N, f32) = A (64 x K) * B (K x N) + (scale-d ? D : 0), both operands in shared
+//   memory, K-major (trans-a = trans-b = 0): row m of A and column n of B hold their K values
+//   contiguously. K = 16 (bf16, f16: 2 bytes) or 32 (e4m3: 1 byte): 32 bytes of each row.
+// Matrix descriptor (64 bits): bits 0-13 start address >> 4, 16-29 leading dimension byte
+//   offset >> 4, 32-45 stride dimension byte offset >> 4, 49-51 base offset, 62-63 swizzle
+//   (0 none, 1 128B, 2 64B, 3 32B). Canonical K-major layouts, rows grouped by 8 into core
+//   matrices (8 rows x 16 bytes):
+//   - no swizzle: a core matrix is 128 contiguous bytes (row r of it at 16 r); core matrices
+//     adjacent along K are LBO bytes apart, along M / N SBO bytes apart;
+//   - 128B swizzle: a swizzle atom is 8 rows of 128 bytes (row r at 128 r, K contiguous in the
+//     row), atoms adjacent along M / N SBO bytes apart (LBO unused: one instruction's 32 bytes
+//     of K lie in one row); the 16-byte chunk bits [4:6] of the address are XORed with its
+//     row bits [7:9]. Only base offset 0 with a start address at row 0 of an atom (address
+//     bits [7:9] zero) is emulated: where those differ the ISA's variants would disagree.
+// Accumulator fragment (ISA "Matrix Fragments for wgmma .m64nNk16 / .m64nNk32", the same for
+//   both): thread t of the warpgroup, warp w = t / 32, lane = t % 32 = 4 gid + tig, holds
+//   d[i] = D[16 w + gid + 8 ((i % 4) / 2)][8 (i / 4) + 2 tig + (i % 2)], i < N / 2.
+// Asynchrony: an operation completes at the latest point the ISA allows, so that a kernel which
+//   reads before it waits, or overwrites before the reader is done, reads the wrong bytes:
+//   - cp.async (16 bytes, src-size bytes copied, the rest zero-filled) completes when
+//     cp.async.wait_group N leaves at most N of the thread's committed groups pending; the
+//     copy reads its global source then;
+//   - wgmma.mma_async reads its operands and writes d when wgmma.wait_group N leaves at most N
+//     of the thread's groups pending, after all 128 threads of the warpgroup reached that wait
+//     (which also checks that they issued the same descriptors, kinds and scale-d);
+//   - wgmma.fence, fence.proxy.async: no-ops (one proxy, no reordering here).
+// Products are summed in double and rounded once: the hardware's fp32 sums differ from it by
+// rounding only, far inside the check's tolerance.
+#pragma once
+#include <deque>
+#include <vector>
+
+// ---- cp.async.cg.shared.global [dst], [src], 16, src-size ----------------------------------
+struct EmuCopy {
+  unsigned dst;
+  const void* src;
+  int bytes;
+};
+inline thread_local std::vector<EmuCopy> emu_cp_open;                // not yet committed
+inline thread_local std::deque<std::vector<EmuCopy>> emu_cp_groups;  // committed, pending
+
+static inline void emu_cp_async(unsigned dst, const void* src, int src_size) {
+  if (dst % 16) emu_fail("cp.async: shared address not 16-byte aligned", dst);
+  if (src_size < 0 || src_size > 16) emu_fail("cp.async: src-size past cp-size 16", src_size);
+  if (src_size && (uintptr_t)src % 16) emu_fail("cp.async: global address not aligned", (uintptr_t)src);
+  emu_shared_ptr(dst, 16);  // in bounds at issue
+  emu_cp_open.push_back({dst, src, src_size});
+  ++emu_async_pending;
+}
+static inline void emu_cp_commit() {
+  emu_cp_groups.push_back(std::move(emu_cp_open));
+  emu_cp_open.clear();
+}
+static inline void emu_cp_wait(int n) {
+  while ((int)emu_cp_groups.size() > n) {
+    for (const EmuCopy& c : emu_cp_groups.front()) {
+      unsigned char* d = emu_shared_ptr(c.dst, 16);
+      memcpy(d, c.src, c.bytes);
+      memset(d + c.bytes, 0, 16 - c.bytes);
+      --emu_async_pending;
+    }
+    emu_cp_groups.pop_front();
+  }
+}
+// st.shared.v4.u32 [addr], {v0, v1, v2, v3}
+static inline void emu_st_shared_v4(unsigned addr, const unsigned v[4]) {
+  if (addr % 16) emu_fail("st.shared.v4: address not 16-byte aligned", addr);
+  memcpy(emu_shared_ptr(addr, 16), v, 16);
+}
+
+// ---- wgmma ----------------------------------------------------------------------------------
+enum EmuWgKind { EMU_WG_BF16, EMU_WG_F16, EMU_WG_E4M3 };
+struct EmuWgmma {
+  float* d;
+  u64 da, db;
+  int scale_d, kind, n;
+  bool operator!=(const EmuWgmma& o) const {
+    return da != o.da || db != o.db || scale_d != o.scale_d || kind != o.kind || n != o.n;
+  }
+};
+inline thread_local std::vector<EmuWgmma> emu_wg_open;
+inline thread_local std::deque<std::vector<EmuWgmma>> emu_wg_groups;
+// Each warpgroup thread's operations completing at the wait the warpgroup is meeting in, in
+// two tables used by alternate waits: a thread writes one only after the whole warpgroup met
+// in the wait that followed the last use of it.
+inline std::vector<EmuWgmma> emu_wg_done[2][EMU_MAX_WARPGROUPS][128];
+inline thread_local unsigned emu_wg_waits;  // this thread's wgmma.wait_group count
+
+// The shared-state-space address of element (row, k) of a K-major operand (row: m of A, n of
+// B) of `esize`-byte elements, from its descriptor.
+static inline unsigned emu_desc_addr(u64 desc, int row, int k, int esize) {
+  unsigned start = (unsigned)(desc & 0x3FFF) << 4;
+  unsigned lbo = (unsigned)((desc >> 16) & 0x3FFF) << 4;
+  unsigned sbo = (unsigned)((desc >> 32) & 0x3FFF) << 4;
+  unsigned base_offset = (unsigned)(desc >> 49) & 7, mode = (unsigned)(desc >> 62);
+  unsigned kb = (unsigned)(k * esize);  // byte of the row's K values
+  unsigned r8 = (unsigned)row % 8, g = (unsigned)row / 8;
+  if (mode == 0) return start + g * sbo + (kb / 16) * lbo + r8 * 16 + kb % 16;
+  if (mode == 1) {
+    if (base_offset != 0 || ((start >> 7) & 7) != 0)
+      emu_fail("wgmma: 128B swizzle with a start off an atom's row 0 (not emulated)", desc);
+    unsigned a = start + g * sbo + r8 * 128 + kb;
+    return a ^ (((a >> 7) & 7) << 4);
+  }
+  emu_fail("wgmma: swizzle mode not emulated (32B / 64B)", mode);
+}
+
+static inline float emu_wg_element(unsigned addr, int kind) {
+  if (kind == EMU_WG_E4M3) return emu_fp8(*emu_shared_ptr(addr, 1), false);
+  u16 h;
+  memcpy(&h, emu_shared_ptr(addr, 2), 2);
+  return kind == EMU_WG_F16 ? emu_f16(h) : emu_bf16(h);
+}
+
+// This thread's fragment of one wgmma.
+static inline void emu_wgmma_run(const EmuWgmma& op, int t) {
+  int esize = op.kind == EMU_WG_E4M3 ? 1 : 2, K = 32 / esize;
+  int w = t / 32, lane = t % 32, gid = lane / 4, tig = lane % 4;
+  for (int i = 0; i < op.n / 2; ++i) {
+    int m = 16 * w + gid + 8 * ((i % 4) / 2), n = 8 * (i / 4) + 2 * tig + (i % 2);
+    double s = 0.0;
+    for (int k = 0; k < K; ++k)
+      s += (double)emu_wg_element(emu_desc_addr(op.da, m, k, esize), op.kind) *
+           (double)emu_wg_element(emu_desc_addr(op.db, n, k, esize), op.kind);
+    op.d[i] = (float)(op.scale_d ? s + (double)op.d[i] : s);
+  }
+}
+
+static inline void emu_wgmma(float* d, u64 da, u64 db, int scale_d, int kind, int n) {
+  emu_wg_open.push_back({d, da, db, scale_d != 0, kind, n});
+  ++emu_async_pending;
+}
+static inline void emu_wgmma_commit() {
+  emu_wg_groups.push_back(std::move(emu_wg_open));
+  emu_wg_open.clear();
+}
+static inline void emu_wgmma_wait(int n) {
+  int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  unsigned table = emu_wg_waits++ & 1;
+  std::vector<EmuWgmma>& done = emu_wg_done[table][wg][t];
+  done.clear();
+  while ((int)emu_wg_groups.size() > n) {
+    for (const EmuWgmma& op : emu_wg_groups.front()) done.push_back(op);
+    emu_wg_groups.pop_front();
+  }
+  emu_wg_barrier[wg]->arrive_and_wait();  // the whole warpgroup issued what completes here
+  const std::vector<EmuWgmma>& first = emu_wg_done[table][wg][0];
+  if (done.size() != first.size())
+    emu_fail("wgmma: threads of a warpgroup complete different counts", done.size());
+  for (size_t i = 0; i < done.size(); ++i)
+    if (done[i] != first[i]) emu_fail("wgmma: operands differ across the warpgroup", i);
+  for (const EmuWgmma& op : done) {
+    emu_wgmma_run(op, t);
+    --emu_async_pending;
+  }
+}
+
+static inline void wgmma_fence() {}
+static inline void wgmma_commit() { emu_wgmma_commit(); }
+template <int N>
+static inline void wgmma_wait() {
+  emu_wgmma_wait(N);
+}
+#define EMU_WGMMA_FORM(name, kind, n)                                                   \
+  static inline void wgmma_##name##_n##n(float* d, u64 da, u64 db, int accumulate) { \
+    emu_wgmma(d, da, db, accumulate, kind, n);                                      \
+  }
+EMU_WGMMA_FORM(bf16, EMU_WG_BF16, 128)
+EMU_WGMMA_FORM(f16, EMU_WG_F16, 128)
+EMU_WGMMA_FORM(e4m3, EMU_WG_E4M3, 128)
+EMU_WGMMA_FORM(bf16, EMU_WG_BF16, 256)
+EMU_WGMMA_FORM(f16, EMU_WG_F16, 256)
+EMU_WGMMA_FORM(e4m3, EMU_WG_E4M3, 256)
+#undef EMU_WGMMA_FORM
