@@ -2,8 +2,9 @@
 # Host emulation of the tensor-core kernel families against the fp32 family, no GPU: each
 # selected configuration is compiled twice as host C++ (its family and FAMILY_FP32, same
 # defines) under scripts/emu/gpu_emulator.h, which runs every GPU thread as a std::thread and
-# emulates the matrix instructions from the ISA's definitions: MFMA (HIP, in the header) and
-# mma.sync m16n8k16 / m16n8k32 (CUDA, scripts/emu/mma_sm80_host.cuh). Both run one fused_moe on
+# emulates the matrix instructions from the ISA's definitions: MFMA (HIP, in the header),
+# mma.sync m16n8k16 / m16n8k32 (CUDA, scripts/emu/mma_sm80_host.cuh) and wgmma m64nNk16 /
+# m64nNk32 with cp.async (CUDA sm_90, scripts/emu/mma_sm90_host.cuh). Both run one fused_moe on
 # the same seeded inputs (scripts/emu/emulate_fused_moe.cpp); the family's result must match
 # the fp32 family's within REL_L2 (stage-2 rows and output), and be finite wherever the fp32
 # family's is. The fp32 family is the reference: the GPU suite checks it against the CPU
@@ -11,7 +12,7 @@
 # What this checks: the family's tile mapping, fragment indexing, scales, padding and
 # epilogues. What it cannot check: that the hardware's fragment layouts are what the ISA
 # documents (the self-test before first use does that on a real device), timing, or the
-# wgmma family (asynchronous shared-memory operands, TMA, mbarriers: not emulated).
+# wgmma family's TMA and warp-specialised kernels (mbarriers: not emulated).
 #
 # Configurations (examples/kernel_configs.rs):
 #   hip   for each arch, the first MFMA configuration of every (weight format, act dtype, fp16
@@ -20,7 +21,9 @@
 #   cuda  the first configuration of every (family, tile rows, weight format, act dtype, fp16
 #         activations, stream's K splits) among those of the mma.sync families (tile32,
 #         stream) the heuristics can select on the archs (--emulate), with the block columns
-#         and threads of the host's spec.
+#         and threads of the host's spec; and of wgmma (sm_90, TMA and warp specialisation
+#         off) the first of every (tile rows, WG_N, weight format, act dtype, fp16
+#         activations, blocks per SM), with the spec's dynamic shared memory.
 # Prints one line per configuration; exits 1 on any failure.
 #
 # usage: scripts/emulate_check.sh hip [ARCH...]      (default gfx942 gfx950)
@@ -167,30 +170,51 @@ select_cuda() {
 
 n=0
 failed=0
+# The fp32 twin's output by its arch and defines: configurations that differ only in what
+# the fp32 family does not read (the wgmma block shapes) share one run of it.
+declare -A twin_out
 for pick in "${picks[@]}"; do
   IFS='|' read -r arch family defines fp32 <<<"$pick"
   n=$((n + 1))
+  ref=${twin_out[$arch|$fp32]:-}
+  pids=()
   # shellcheck disable=SC2086 # one define per word
   build "$work/family" "$arch" $defines 2>"$work/log.family" &
-  # shellcheck disable=SC2086
-  build "$work/fp32" "$arch" $fp32 2>"$work/log.fp32" &
-  if ! wait -n || ! wait -n; then
-    wait
+  pids+=($!)
+  : >"$work/log.fp32"
+  if [ -z "$ref" ]; then
+    # shellcheck disable=SC2086
+    build "$work/fp32" "$arch" $fp32 2>"$work/log.fp32" &
+    pids+=($!)
+  fi
+  ok=1
+  for pid in "${pids[@]}"; do wait "$pid" || ok=0; done
+  if [ $ok -eq 0 ]; then
     cat "$work/log.family" "$work/log.fp32" >"$work/log"
     echo "FAILED    $arch $family $defines: does not build"
     sed 's/^/    /' "$work/log" | head -20
     failed=$((failed + 1))
     continue
   fi
+  pids=()
   "$work/family" "$work/family.out" &
-  "$work/fp32" "$work/fp32.out" &
-  if ! wait -n || ! wait -n; then
-    wait
+  pids+=($!)
+  if [ -z "$ref" ]; then
+    "$work/fp32" "$work/fp32.$n.out" &
+    pids+=($!)
+  fi
+  ok=1
+  for pid in "${pids[@]}"; do wait "$pid" || ok=0; done
+  if [ $ok -eq 0 ]; then
     echo "FAILED    $arch $family $defines: a run failed"
     failed=$((failed + 1))
     continue
   fi
-  if result=$(compare "$work/fp32.out" "$work/family.out"); then
+  if [ -z "$ref" ]; then
+    ref="$work/fp32.$n.out"
+    twin_out[$arch|$fp32]=$ref
+  fi
+  if result=$(compare "$ref" "$work/family.out"); then
     echo "ok        $arch $family $result  $defines"
   else
     echo "FAILED    $arch $family $result  $defines"

@@ -118,16 +118,26 @@ static inline float emu_wg_element(unsigned addr, int kind) {
   return kind == EMU_WG_F16 ? emu_f16(h) : emu_bf16(h);
 }
 
-// This thread's fragment of one wgmma.
+// This thread's fragment of one wgmma: rows 16 w + gid + 8 h of A (h = 0, 1) against columns
+// 8 j + 2 tig + c of B (j < N / 8, c = 0, 1), each operand element decoded once.
 static inline void emu_wgmma_run(const EmuWgmma& op, int t) {
   int esize = op.kind == EMU_WG_E4M3 ? 1 : 2, K = 32 / esize;
   int w = t / 32, lane = t % 32, gid = lane / 4, tig = lane % 4;
-  for (int i = 0; i < op.n / 2; ++i) {
-    int m = 16 * w + gid + 8 * ((i % 4) / 2), n = 8 * (i / 4) + 2 * tig + (i % 2);
-    double s = 0.0;
+  float a[2][32], b[64][32];
+  for (int h = 0; h < 2; ++h)
     for (int k = 0; k < K; ++k)
-      s += (double)emu_wg_element(emu_desc_addr(op.da, m, k, esize), op.kind) *
-           (double)emu_wg_element(emu_desc_addr(op.db, n, k, esize), op.kind);
+      a[h][k] = emu_wg_element(emu_desc_addr(op.da, 16 * w + gid + 8 * h, k, esize), op.kind);
+  for (int j = 0; j < op.n / 8; ++j)
+    for (int c = 0; c < 2; ++c)
+      for (int k = 0; k < K; ++k)
+        b[2 * j + c][k] =
+            emu_wg_element(emu_desc_addr(op.db, 8 * j + 2 * tig + c, k, esize), op.kind);
+  for (int i = 0; i < op.n / 2; ++i) {
+    // d[i] = D[16 w + gid + 8 ((i % 4) / 2)][8 (i / 4) + 2 tig + (i % 2)]
+    const float* ar = a[(i % 4) / 2];
+    const float* bc = b[2 * (i / 4) + i % 2];
+    double s = 0.0;
+    for (int k = 0; k < K; ++k) s += (double)ar[k] * (double)bc[k];
     op.d[i] = (float)(op.scale_d ? s + (double)op.d[i] : s);
   }
 }
