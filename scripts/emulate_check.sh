@@ -29,6 +29,8 @@
 # usage: scripts/emulate_check.sh hip [ARCH...]      (default gfx942 gfx950)
 #        scripts/emulate_check.sh cuda [ARCH...]     (default sm_80 sm_89 sm_90)
 #   MOEPLUG_ZIG_PYTHON  python with ziglang installed (default .venv/bin/python)
+#   MOEPLUG_EMULATE_FAMILIES  cuda: only these families (space-separated names, e.g. wgmma;
+#                       default every emulated one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -154,6 +156,9 @@ select_cuda() {
   local kind arch family defines twin key d
   while IFS=$'\t' read -r kind arch family defines twin; do
     [ "$kind" = emulate ] || continue
+    if [ -n "${MOEPLUG_EMULATE_FAMILIES:-}" ] && [[ " $MOEPLUG_EMULATE_FAMILIES " != *" $family "* ]]; then
+      continue
+    fi
     key=$family
     for d in BM WFMT ACT_Q ACT_F16 SW_KW1 SW_KW2; do
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
