@@ -25,6 +25,7 @@ use moeplug::backend::gpu::heuristics::selectable;
 use moeplug::backend::gpu::hip::hiprtc_options;
 use moeplug::backend::gpu::kernel_configs::{headers, hip_exclusion, UNITS};
 use moeplug::backend::gpu::spec::{Family, KernelSpec};
+use moeplug::backend::gpu::tma::{geometry, WeightTensor};
 
 /// A spec's defines plus what the emulator's launches need from the host: the columns one
 /// block of stage 1 / stage 2 covers, the GEMM block's threads and dynamic shared memory
@@ -38,7 +39,52 @@ fn emulated_defines(spec: &KernelSpec, wg_shapes: bool) -> String {
     d.push(format!("-DEMU_THREADS={}", spec.gemm_threads()));
     d.push(format!("-DEMU_DYN_SHARED={}", spec.dynamic_shared_bytes()));
     d.push(format!("-DEMU_WG_SHAPES={}", wg_shapes as i32));
+    if spec.family == Family::Wgmma && spec.wgmma_tma {
+        for (i, g) in emulated_tma_geometry(spec).iter().enumerate() {
+            d.push(format!("-DEMU_TMA{}={g}", i + 1));
+        }
+    }
     d.join(" ")
+}
+
+/// The emulator's problem under `EMU_WG_SHAPES` (scripts/emu/emulate_fused_moe.cpp, which
+/// checks that the geometry below is of its shapes): hidden_size, hidden_padded,
+/// intermediate_size, intermediate_padded, and the experts with and without the expert mask.
+const EMU_WG_PROBLEM: [usize; 6] = [512, 512, 224, 256, 3, 4];
+
+/// The tensor-map parameters (tma.rs `geometry`: globalDim, globalStrides, boxDim) of the
+/// emulated problem's w13 and w2, as the launch describes them (launch::tma_weights), each as a
+/// comma list for `-DEMU_TMA1` / `-DEMU_TMA2`.
+fn emulated_tma_geometry(spec: &KernelSpec) -> [String; 2] {
+    let [h, hp, i, ip, masked, all] = EMU_WG_PROBLEM;
+    let experts = if spec.has_mask { masked } else { all };
+    let bytes = if spec.act_dtype.is_quantized() { 1 } else { 2 };
+    let rows = spec.wgmma_block_rows();
+    let w13 = WeightTensor {
+        address: 0,
+        experts,
+        rows: 2 * ip,
+        row_bytes: hp * bytes,
+        k_bytes: h * bytes,
+        gated: Some((spec.gate_mode, ip)),
+        block_rows: rows,
+    };
+    let w2 = WeightTensor {
+        address: 0,
+        experts,
+        rows: hp,
+        row_bytes: ip * bytes,
+        k_bytes: i * bytes,
+        gated: None,
+        block_rows: rows,
+    };
+    [w13, w2].map(|w| {
+        let (dims, strides, boxes) = geometry(&w).expect("tensor map of the emulated problem");
+        let all: Vec<String> = (dims.iter().chain(&strides).map(|v| v.to_string()))
+            .chain(boxes.iter().map(|v| v.to_string()))
+            .collect();
+        all.join(",")
+    })
 }
 
 /// The wgmma family's block shapes: (sorted rows per tile, weight rows per warpgroup MMA,
@@ -65,16 +111,21 @@ fn print_emulated(archs: &[String]) {
                 continue;
             }
             // The default launch path (the fused combine is opt-in, MOEPLUG_FUSED_COMBINE=1,
-            // and its arrival counters are not emulated). Wgmma: the cp.async kernel, weight
-            // tiles without TMA and without warp specialisation (the launch's fallback where
-            // the driver has no tensor-map encoder; TMA and mbarriers are not emulated).
+            // and its arrival counters are not emulated).
             let spec = KernelSpec {
                 fused_combine: false,
+                ..spec
+            };
+            let wg = spec.family == Family::Wgmma;
+            // Wgmma with TMA weight tiles (and warp specialisation where it has it), as listed.
+            let tma = (wg && spec.wgmma_tma).then(|| spec.clone());
+            // Wgmma: the cp.async kernel, weight tiles without TMA and without warp
+            // specialisation (the launch's fallback where the driver has no tensor-map encoder).
+            let spec = KernelSpec {
                 wgmma_tma: false,
                 wgmma_ws: false,
                 ..spec
             };
-            let wg = spec.family == Family::Wgmma;
             // Wgmma: each block shape the heuristics can select for this configuration (the
             // list's rotation of them is undone by the TMA options it also rotates).
             let shapes: Vec<KernelSpec> = if wg {
@@ -91,7 +142,7 @@ fn print_emulated(archs: &[String]) {
             } else {
                 vec![spec]
             };
-            for spec in shapes {
+            for spec in shapes.into_iter().chain(tma) {
                 let twin = KernelSpec {
                     family: Family::Fp32,
                     ..spec.clone()

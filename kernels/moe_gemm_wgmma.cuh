@@ -130,14 +130,14 @@ struct __align__(64) WgTmaMap {
 // mbarrier of one ring stage: the TMA copy of its weight tile completes on it.
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
 #ifdef MP_HOST
-  emu_fail("mbarrier: not emulated", bar + count);
+  emu_mbar_init(bar, count);
 #else
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 #endif
 }
 __device__ __forceinline__ void mbar_expect_bytes(u32 bar, u32 bytes) {
 #ifdef MP_HOST
-  emu_fail("mbarrier: not emulated", bar + bytes);
+  emu_mbar_expect_tx(bar, bytes);
 #else
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                : "memory");
@@ -145,7 +145,7 @@ __device__ __forceinline__ void mbar_expect_bytes(u32 bar, u32 bytes) {
 }
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
 #ifdef MP_HOST
-  emu_fail("mbarrier: not emulated", bar + parity);
+  emu_mbar_wait(bar, parity);
 #else
   u32 done;
   do {
@@ -163,7 +163,7 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
 __device__ __forceinline__ void tma_load_weights(u32 dst, const WgTmaMap* map, int group,
                                                  int chunk, u32 bar) {
 #ifdef MP_HOST
-  emu_fail("cp.async.bulk.tensor: not emulated", dst + bar);
+  emu_tma_load_5d(dst, map->words, 0, 0, group, 0, chunk, bar);
 #else
   asm volatile(
       "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
@@ -351,7 +351,9 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   u32 full0 = smem_addr(&s_full[0]);
   if (tid == 0) {
     for (int s = 0; s < WG_STAGES; ++s) mbar_init(full0 + 8 * s, 1);
+#ifndef MP_HOST  // the emulator's mbarriers are visible once initialised
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
   }
 #endif
   __syncthreads();
@@ -536,10 +538,18 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
 #define WG_EMPTY_ARRIVALS 8   // one per consumer warp
 
 __device__ __forceinline__ void cp_async_arrive(u32 bar) {
+#ifdef MP_HOST
+  emu_cp_async_arrive(bar);
+#else
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+#endif
 }
 __device__ __forceinline__ void mbar_arrive(u32 bar) {
+#ifdef MP_HOST
+  emu_mbar_arrive(bar);
+#else
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+#endif
 }
 
 // Work item w: its tile and first output column.
@@ -565,7 +575,9 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       mbar_init(full0 + 8 * s, WG_FULL_ARRIVALS);
       mbar_init(empty0 + 8 * s, WG_EMPTY_ARRIVALS);
     }
+#ifndef MP_HOST  // the emulator's mbarriers are visible once initialised
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
   }
   __syncthreads();  // the last block-wide barrier: the roles never meet again
   int K = GATED ? p.H : p.I;

@@ -163,9 +163,11 @@ select_cuda() {
     for d in BM WFMT ACT_Q ACT_F16 SW_KW1 SW_KW2; do
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
-    # wgmma: and its weight rows per MMA and blocks per SM (absent from the other families).
-    key+=" $(grep -o -- "-DWG_N=[0-9]*" <<<"$defines" || true)"
-    key+=" $(grep -o -- "-DWG_MIN_BLOCKS=[0-9]*" <<<"$defines" || true)"
+    # wgmma: and its weight rows per MMA, blocks per SM, TMA and warp specialisation (absent
+    # from the other families).
+    for d in WG_N WG_MIN_BLOCKS WG_TMA WG_WS; do
+      key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
+    done
     [ -z "${seen[$key]+x}" ] || continue
     seen[$key]=1
     picks+=("$arch|$family|$defines|$twin")

@@ -224,11 +224,49 @@ int main(int argc, char** argv) {
   launch(moe_route, p, 1, 1, SCAN_THREADS);
   if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax1, p, M, 1, THREADS);
   if (ACT_Q) launch(moe_quant1, p, M, 1, THREADS);
-  launch(moe_stage1, p, max_tiles, (I + n1 - 1) / n1, gemm_threads, dyn);
+#if FAMILY == FAMILY_WGMMA && WG_TMA
+  // The weights' tensor maps from the host's geometry (tma.rs, printed by kernel_configs for
+  // this problem: EMU_TMA1 / EMU_TMA2 = globalDim[5], globalStrides[4], boxDim[5]).
+  WgTmaMap map1, map2;
+  {
+    const u64 g1[14] = {EMU_TMA1}, g2[14] = {EMU_TMA2};
+    const unsigned b1[5] = {(unsigned)g1[9], (unsigned)g1[10], (unsigned)g1[11],
+                            (unsigned)g1[12], (unsigned)g1[13]};
+    const unsigned b2[5] = {(unsigned)g2[9], (unsigned)g2[10], (unsigned)g2[11],
+                            (unsigned)g2[12], (unsigned)g2[13]};
+    // The geometry was computed for this problem: its K chunks are the real columns', its
+    // group strides the padded rows'.
+    if (g1[4] != (u64)H * WG_ESIZE / 16 || g2[4] != (u64)I * WG_ESIZE / 16 ||
+        g1[6] != 16ull * HP * WG_ESIZE * (GATE == GM_INTERLEAVE ? 2 : 1) ||
+        g2[6] != 16ull * IP * WG_ESIZE) {
+      fprintf(stderr, "emulate_fused_moe: EMU_TMA1/2 are not of this problem's shapes\n");
+      return 2;
+    }
+    emu_tma_map(map1.words, (u64)(uintptr_t)w13.data(), g1, g1 + 5, b1);
+    emu_tma_map(map2.words, (u64)(uintptr_t)w2.data(), g2, g2 + 5, b2);
+  }
+  auto stage1 = [&](const Params& q) { moe_stage1(q, map1); };
+  auto stage2 = [&](const Params& q) { moe_stage2(q, map2); };
+#else
+  auto stage1 = [](const Params& q) { moe_stage1(q); };
+  auto stage2 = [](const Params& q) { moe_stage2(q); };
+#endif
+#if FAMILY == FAMILY_WGMMA && WG_WS
+  // Persistent: one block per SM walks every (tile, column block); a few SMs, so that each
+  // block takes several work items.
+  const int sms = 3;
+  auto grid = [&](int gx, int gy, int& x, int& y) { x = gx * gy < sms ? gx * gy : sms, y = 1; };
+#else
+  auto grid = [](int gx, int gy, int& x, int& y) { x = gx, y = gy; };
+#endif
+  int gx, gy;
+  grid(max_tiles, (I + n1 - 1) / n1, gx, gy);
+  launch(stage1, p, gx, gy, gemm_threads, dyn);
   if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax2, p, pairs, 1, THREADS);
   if (ACT_Q) launch(moe_quant2, p, pairs, 1, THREADS);
   p.ncb2 = (H + n2 - 1) / n2;
-  launch(moe_stage2, p, max_tiles, p.ncb2, gemm_threads, dyn);
+  grid(max_tiles, p.ncb2, gx, gy);
+  launch(stage2, p, gx, gy, gemm_threads, dyn);
   launch(moe_reduce, p, M, (H + THREADS - 1) / THREADS, THREADS);
 
   FILE* f = fopen(argv[1], "wb");

@@ -188,3 +188,168 @@ EMU_WGMMA_FORM(bf16, EMU_WG_BF16, 256)
 EMU_WGMMA_FORM(f16, EMU_WG_F16, 256)
 EMU_WGMMA_FORM(e4m3, EMU_WG_E4M3, 256)
 #undef EMU_WGMMA_FORM
+
+// ---- mbarrier, cp.async.bulk.tensor (TMA), cp.async.mbarrier.arrive.noinc ---------------------
+// An mbarrier (PTX ISA "Parallel Synchronization and Communication Instructions: mbarrier"):
+// init(count) starts phase 0 with `count` pending arrivals and a transaction count of 0;
+// arrive decrements the arrivals, expect_tx(b) adds b to the transaction count (then
+// arrives), a TMA's complete_tx(b) subtracts b; the phase completes when both reach 0, and
+// the next starts with `count` arrivals. try_wait.parity(P) is true once the phase of parity P
+// has completed, i.e. the current phase's parity is not P (at init, P = 1 names the phase
+// before phase 0: complete). The state is kept by the barrier's shared address.
+// Asynchrony: a TMA copy and the arrival of a cp.async.mbarrier.arrive.noinc (with the copies
+// it waits for) are attached to their barrier and carried out only when a thread waits on
+// that barrier's phase and finds it incomplete: the latest point the ISA allows.
+// The tensor map (CUtensorMap, opaque on the GPU) is the emulator's own encoding of the
+// host's parameters (src/backend/gpu/tma.rs geometry: globalDim, globalStrides, boxDim;
+// uint8, element strides 1, no interleave, no swizzle, zero fill out of bounds): emu_tma_map.
+#include <map>
+#include <thread>
+
+#define EMU_TMA_MAGIC 0x454d55544d41ull  // "EMUTMA"
+static inline void emu_tma_map(u64* words, u64 address, const u64 dims[5], const u64 strides[4],
+                               const unsigned boxes[5]) {
+  for (int i = 0; i < 16; ++i) words[i] = 0;
+  words[0] = address;
+  for (int i = 0; i < 5; ++i) words[1 + i] = dims[i], words[10 + i] = boxes[i];
+  for (int i = 0; i < 4; ++i) words[6 + i] = strides[i];
+  words[15] = EMU_TMA_MAGIC;
+}
+
+struct EmuTma {
+  unsigned dst;
+  u64 map[16];
+  int c[5];
+};
+struct EmuMbar {
+  int count = 0, pending = 0;
+  long long tx = 0;
+  unsigned phase = 0;
+  std::vector<EmuTma> tma;                     // issued, not yet carried out
+  std::vector<std::vector<EmuCopy>> arrivals;  // noinc arrivals with the copies they await
+};
+inline std::mutex emu_mbar_mu;
+inline std::map<unsigned, EmuMbar> emu_mbars;
+
+static inline EmuMbar& emu_mbar(unsigned bar) {  // emu_mbar_mu held
+  if (bar % 8 || bar < EMU_STATIC_SHARED_ADDR || bar >= EMU_STATIC_SHARED_ADDR + 256 * EMU_STATIC_WINDOWS)
+    emu_fail("mbarrier: not an 8-byte aligned static shared address", bar);
+  auto it = emu_mbars.find(bar);
+  if (it == emu_mbars.end() || it->second.count == 0) emu_fail("mbarrier: used before init", bar);
+  return it->second;
+}
+static inline void emu_mbar_step(EmuMbar& m) {  // completes the phase when nothing is pending
+  if (m.pending == 0 && m.tx == 0) ++m.phase, m.pending = m.count;
+}
+static inline void emu_mbar_arrive_locked(EmuMbar& m, unsigned bar) {
+  if (m.pending <= 0) emu_fail("mbarrier: more arrivals than the count", bar);
+  --m.pending;
+  emu_mbar_step(m);
+}
+
+static inline void emu_mbar_init(unsigned bar, unsigned count) {
+  std::lock_guard<std::mutex> lock(emu_mbar_mu);
+  EmuMbar& m = emu_mbars[bar];
+  if (!m.tma.empty() || !m.arrivals.empty())
+    emu_fail("mbarrier: init with copies still attached", bar);
+  if (count == 0) emu_fail("mbarrier: init with count 0", bar);
+  m = EmuMbar{};
+  m.count = m.pending = (int)count;
+}
+static inline void emu_mbar_arrive(unsigned bar) {
+  std::lock_guard<std::mutex> lock(emu_mbar_mu);
+  emu_mbar_arrive_locked(emu_mbar(bar), bar);
+}
+static inline void emu_mbar_expect_tx(unsigned bar, unsigned bytes) {
+  std::lock_guard<std::mutex> lock(emu_mbar_mu);
+  EmuMbar& m = emu_mbar(bar);
+  m.tx += bytes;
+  emu_mbar_arrive_locked(m, bar);
+}
+
+// cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+//   [dst], [map, {c0..c4}], [bar]
+static inline void emu_tma_load_5d(unsigned dst, const u64* map, int c0, int c1, int c2, int c3,
+                                   int c4, unsigned bar) {
+  if (map[15] != EMU_TMA_MAGIC) emu_fail("TMA: not a tensor map of the emulator", map[15]);
+  if (dst % 128) emu_fail("TMA: shared destination not 128-byte aligned", dst);
+  EmuTma t{dst, {}, {c0, c1, c2, c3, c4}};
+  memcpy(t.map, map, sizeof t.map);
+  std::lock_guard<std::mutex> lock(emu_mbar_mu);
+  emu_mbar(bar).tma.push_back(t);
+}
+// The box of one TMA copy, innermost dimension first, into shared memory in box order;
+// elements past globalDim are zeros. Returns the bytes (the transaction count it completes).
+static inline long long emu_tma_run(const EmuTma& t) {
+  const u64* m = t.map;
+  const unsigned char* g = (const unsigned char*)(uintptr_t)m[0];
+  u64 dim[5], stride[5] = {1, m[6], m[7], m[8], m[9]};
+  unsigned box[5];
+  for (int i = 0; i < 5; ++i) dim[i] = m[1 + i], box[i] = (unsigned)m[10 + i];
+  if ((box[0] % 16) || (uintptr_t)g % 16) emu_fail("TMA: box rows or address not 16-byte multiples", box[0]);
+  for (int i = 1; i < 5; ++i)
+    if (stride[i] % 16) emu_fail("TMA: global stride not a multiple of 16", stride[i]);
+  long long bytes = (long long)box[0] * box[1] * box[2] * box[3] * box[4];
+  unsigned char* d = emu_shared_ptr(t.dst, (unsigned)bytes);
+  long long n = 0;
+  for (unsigned b4 = 0; b4 < box[4]; ++b4)
+    for (unsigned b3 = 0; b3 < box[3]; ++b3)
+      for (unsigned b2 = 0; b2 < box[2]; ++b2)
+        for (unsigned b1 = 0; b1 < box[1]; ++b1)
+          for (unsigned b0 = 0; b0 < box[0]; ++b0, ++n) {
+            long long c[5] = {(long long)t.c[0] + b0, (long long)t.c[1] + b1,
+                              (long long)t.c[2] + b2, (long long)t.c[3] + b3,
+                              (long long)t.c[4] + b4};
+            bool in = true;
+            u64 off = 0;
+            for (int i = 0; i < 5; ++i) {
+              in = in && c[i] >= 0 && (u64)c[i] < dim[i];
+              off += (u64)c[i] * stride[i];
+            }
+            d[n] = in ? g[off] : 0;
+          }
+  return bytes;
+}
+static inline void emu_cp_run(const std::vector<EmuCopy>& copies);
+
+static inline void emu_mbar_wait(unsigned bar, unsigned parity) {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(emu_mbar_mu);
+      EmuMbar& m = emu_mbar(bar);
+      if ((m.phase & 1) != (parity & 1)) return;
+      // Carry out what is attached, then look again.
+      for (const EmuTma& t : m.tma) m.tx -= emu_tma_run(t);
+      m.tma.clear();
+      if (m.tx < 0) emu_fail("mbarrier: more bytes completed than expected", bar);
+      for (const std::vector<EmuCopy>& a : m.arrivals) {
+        emu_cp_run(a);
+        emu_mbar_arrive_locked(m, bar);
+      }
+      m.arrivals.clear();
+      emu_mbar_step(m);
+      if ((m.phase & 1) != (parity & 1)) return;
+    }
+    std::this_thread::yield();
+  }
+}
+
+// cp.async.mbarrier.arrive.noinc [bar]: the arrival comes after every cp.async this thread
+// issued so far has completed (those copies leave the thread's groups).
+static inline void emu_cp_run(const std::vector<EmuCopy>& copies) {
+  for (const EmuCopy& c : copies) {
+    unsigned char* d = emu_shared_ptr(c.dst, 16);
+    memcpy(d, c.src, c.bytes);
+    memset(d + c.bytes, 0, 16 - c.bytes);
+  }
+}
+static inline void emu_cp_async_arrive(unsigned bar) {
+  std::vector<EmuCopy> all;
+  for (const std::vector<EmuCopy>& g : emu_cp_groups) all.insert(all.end(), g.begin(), g.end());
+  all.insert(all.end(), emu_cp_open.begin(), emu_cp_open.end());
+  emu_async_pending -= (int)all.size();
+  for (std::vector<EmuCopy>& g : emu_cp_groups) g.clear();  // the groups stay, now empty
+  emu_cp_open.clear();
+  std::lock_guard<std::mutex> lock(emu_mbar_mu);
+  emu_mbar(bar).arrivals.push_back(std::move(all));
+}
