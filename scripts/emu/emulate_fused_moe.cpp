@@ -109,6 +109,7 @@ static void launch(F kernel, const Params& p, int gx, int gy, int threads,
   // Warpgroups (wgmma) and the dynamic shared memory (gpu_emulator.h).
   for (int g = 0; g < groups / 4; ++g) emu_wg_barrier[g] = new std::barrier<>(4 * EMU_LANES);
   std::vector<unsigned char> dyn(dyn_bytes);
+  gridDim = {(unsigned)gx, (unsigned)gy, 1};
   emu_dyn_shared = dyn.data(), emu_dyn_bytes = dyn_bytes;
   std::vector<std::thread> ts;
   for (int t = 0; t < threads; ++t)

@@ -220,3 +220,4 @@ static inline unsigned char* emu_shared_ptr(unsigned addr, unsigned n) {
   return emu_dyn_shared + (addr - EMU_DYN_SHARED_ADDR);
 }
 #define __grid_constant__
+inline emu_uint3 gridDim;  // the running launch's grid (persistent kernels)

@@ -86,11 +86,8 @@ struct EmuWgmma {
 };
 inline thread_local std::vector<EmuWgmma> emu_wg_open;
 inline thread_local std::deque<std::vector<EmuWgmma>> emu_wg_groups;
-// Each warpgroup thread's operations completing at the wait the warpgroup is meeting in, in
-// two tables used by alternate waits: a thread writes one only after the whole warpgroup met
-// in the wait that followed the last use of it.
-inline std::vector<EmuWgmma> emu_wg_done[2][EMU_MAX_WARPGROUPS][128];
-inline thread_local unsigned emu_wg_waits;  // this thread's wgmma.wait_group count
+// Each warpgroup thread's operations completing at the wait the warpgroup is meeting in.
+inline std::vector<EmuWgmma> emu_wg_done[EMU_MAX_WARPGROUPS][128];
 
 // The shared-state-space address of element (row, k) of a K-major operand (row: m of A, n of
 // B) of `esize`-byte elements, from its descriptor.
@@ -152,15 +149,14 @@ static inline void emu_wgmma_commit() {
 }
 static inline void emu_wgmma_wait(int n) {
   int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  unsigned table = emu_wg_waits++ & 1;
-  std::vector<EmuWgmma>& done = emu_wg_done[table][wg][t];
+  std::vector<EmuWgmma>& done = emu_wg_done[wg][t];
   done.clear();
   while ((int)emu_wg_groups.size() > n) {
     for (const EmuWgmma& op : emu_wg_groups.front()) done.push_back(op);
     emu_wg_groups.pop_front();
   }
   emu_wg_barrier[wg]->arrive_and_wait();  // the whole warpgroup issued what completes here
-  const std::vector<EmuWgmma>& first = emu_wg_done[table][wg][0];
+  const std::vector<EmuWgmma>& first = emu_wg_done[wg][0];
   if (done.size() != first.size())
     emu_fail("wgmma: threads of a warpgroup complete different counts", done.size());
   for (size_t i = 0; i < done.size(); ++i)
@@ -169,6 +165,10 @@ static inline void emu_wgmma_wait(int n) {
     emu_wgmma_run(op, t);
     --emu_async_pending;
   }
+  // The MMAs are complete (every thread's share of their operand reads done, as on the GPU,
+  // where a thread past the wait may let the operands be overwritten), and every thread
+  // compared against thread 0's list before it is rewritten.
+  emu_wg_barrier[wg]->arrive_and_wait();
 }
 
 static inline void wgmma_fence() {}
