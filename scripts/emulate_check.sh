@@ -11,8 +11,7 @@
 # backend on the H200.
 # What this checks: the family's tile mapping, fragment indexing, scales, padding and
 # epilogues. What it cannot check: that the hardware's fragment layouts are what the ISA
-# documents (the self-test before first use does that on a real device), timing, or the
-# wgmma family's TMA and warp-specialised kernels (mbarriers: not emulated).
+# documents (the self-test before first use does that on a real device), or timing.
 #
 # Configurations (examples/kernel_configs.rs):
 #   hip   for each arch, the first MFMA configuration of every (weight format, act dtype, fp16
@@ -22,8 +21,9 @@
 #         activations, stream's K splits) among those of the mma.sync families (tile32,
 #         stream) the heuristics can select on the archs (--emulate), with the block columns
 #         and threads of the host's spec; and of wgmma (sm_90, TMA and warp specialisation
-#         off) the first of every (tile rows, WG_N, weight format, act dtype, fp16
-#         activations, blocks per SM), with the spec's dynamic shared memory.
+#         off in every selectable block shape, and as listed where it has TMA) the first of
+#         every (tile rows, WG_N, weight format, act dtype, fp16 activations, blocks per SM,
+#         WG_TMA, WG_WS), with the spec's dynamic shared memory and tensor-map geometry.
 # Prints one line per configuration; exits 1 on any failure.
 #
 # usage: scripts/emulate_check.sh hip [ARCH...]      (default gfx942 gfx950)
