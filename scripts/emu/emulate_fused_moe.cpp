@@ -128,6 +128,9 @@ static void launch(F kernel, const Params& p, int gx, int gy, int threads,
         }
     });
   for (auto& t : ts) t.join();
+#if FAMILY == FAMILY_WGMMA
+  emu_mbar_check_drained();
+#endif
   for (int w = 0; w < groups; ++w) delete emu_group_barrier[w];
   for (int g = 0; g < groups / 4; ++g) delete emu_wg_barrier[g];
 }

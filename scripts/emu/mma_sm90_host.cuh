@@ -353,3 +353,12 @@ static inline void emu_cp_async_arrive(unsigned bar) {
   std::lock_guard<std::mutex> lock(emu_mbar_mu);
   emu_mbar(bar).arrivals.push_back(std::move(all));
 }
+
+// After a launch: a TMA copy or noinc arrival nobody waited for is a kernel bug (its bytes
+// would land, or its barrier complete, after the kernel).
+static inline void emu_mbar_check_drained() {
+  std::lock_guard<std::mutex> lock(emu_mbar_mu);
+  for (const auto& [bar, m] : emu_mbars)
+    if (!m.tma.empty() || !m.arrivals.empty())
+      emu_fail("mbarrier: copies attached that no thread waited for", bar);
+}
