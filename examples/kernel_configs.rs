@@ -10,32 +10,96 @@
 //! usage: cargo run --release --example kernel_configs -- DIR gfx942 gfx950
 //!
 //! With `--emulate` first (for `scripts/emulate_check.sh cuda`), the sources are written the
-//! same way and every CUDA configuration of the mma.sync families (`tile32`, `stream`) the
-//! heuristics can select on each arch (with moe_reduce, the default, in place of the opt-in
-//! fused combine) is printed with its fp32-family twin (same options,
-//! FAMILY_FP32), each with the grid facts the host emulator launches by:
+//! same way and every CUDA configuration of the mma.sync families (`tile32`, `stream`) and of
+//! `wgmma` (sm_90; as its cp.async kernel: WG_TMA=0, WG_WS=0) the heuristics can select on
+//! each arch (with moe_reduce, the default, in place of the opt-in fused combine) is printed
+//! with its fp32-family twin (same options, FAMILY_FP32), each with the grid facts the host
+//! emulator launches by:
 //!
 //!   emulate <TAB> arch <TAB> family <TAB> defines... <TAB> fp32 twin defines...
 //!
 //! usage: cargo run --release --example kernel_configs -- --emulate DIR sm_80 sm_89 sm_90
 
 use moeplug::backend::gpu::compile_check::selectable_specs;
+use moeplug::backend::gpu::heuristics::selectable;
 use moeplug::backend::gpu::hip::hiprtc_options;
 use moeplug::backend::gpu::kernel_configs::{headers, hip_exclusion, UNITS};
 use moeplug::backend::gpu::spec::{Family, KernelSpec};
+use moeplug::backend::gpu::tma::{geometry, WeightTensor};
 
 /// A spec's defines plus what the emulator's launches need from the host: the columns one
-/// block of stage 1 / stage 2 covers and the GEMM block's threads (src/backend/gpu/mod.rs).
-fn emulated_defines(spec: &KernelSpec) -> String {
+/// block of stage 1 / stage 2 covers, the GEMM block's threads and dynamic shared memory
+/// (src/backend/gpu/mod.rs), and `EMU_WG_SHAPES` (the larger problem of the wgmma family,
+/// for the family and its twin alike: `wg_shapes`).
+fn emulated_defines(spec: &KernelSpec, wg_shapes: bool) -> String {
     let (n1, n2) = spec.block_columns();
     let mut d: Vec<String> = spec.defines().iter().map(|d| format!("-D{d}")).collect();
     d.push(format!("-DEMU_N1={n1}"));
     d.push(format!("-DEMU_N2={n2}"));
     d.push(format!("-DEMU_THREADS={}", spec.gemm_threads()));
+    d.push(format!("-DEMU_DYN_SHARED={}", spec.dynamic_shared_bytes()));
+    d.push(format!("-DEMU_WG_SHAPES={}", wg_shapes as i32));
+    if spec.family == Family::Wgmma && spec.wgmma_tma {
+        for (i, g) in emulated_tma_geometry(spec).iter().enumerate() {
+            d.push(format!("-DEMU_TMA{}={g}", i + 1));
+        }
+    }
     d.join(" ")
 }
 
-/// The CUDA configurations of the mma.sync families, with their fp32 twins.
+/// The emulator's problem under `EMU_WG_SHAPES` (scripts/emu/emulate_fused_moe.cpp, which
+/// checks that the geometry below is of its shapes): hidden_size, hidden_padded,
+/// intermediate_size, intermediate_padded, and the experts with and without the expert mask.
+const EMU_WG_PROBLEM: [usize; 6] = [512, 512, 224, 256, 3, 4];
+
+/// The tensor-map parameters (tma.rs `geometry`: globalDim, globalStrides, boxDim) of the
+/// emulated problem's w13 and w2, as the launch describes them (launch::tma_weights), each as a
+/// comma list for `-DEMU_TMA1` / `-DEMU_TMA2`.
+fn emulated_tma_geometry(spec: &KernelSpec) -> [String; 2] {
+    let [h, hp, i, ip, masked, all] = EMU_WG_PROBLEM;
+    let experts = if spec.has_mask { masked } else { all };
+    let bytes = if spec.act_dtype.is_quantized() { 1 } else { 2 };
+    let rows = spec.wgmma_block_rows();
+    let w13 = WeightTensor {
+        address: 0,
+        experts,
+        rows: 2 * ip,
+        row_bytes: hp * bytes,
+        k_bytes: h * bytes,
+        gated: Some((spec.gate_mode, ip)),
+        block_rows: rows,
+    };
+    let w2 = WeightTensor {
+        address: 0,
+        experts,
+        rows: hp,
+        row_bytes: ip * bytes,
+        k_bytes: i * bytes,
+        gated: None,
+        block_rows: rows,
+    };
+    [w13, w2].map(|w| {
+        let (dims, strides, boxes) = geometry(&w).expect("tensor map of the emulated problem");
+        let all: Vec<String> = (dims.iter().chain(&strides).map(|v| v.to_string()))
+            .chain(boxes.iter().map(|v| v.to_string()))
+            .collect();
+        all.join(",")
+    })
+}
+
+/// The wgmma family's block shapes: (sorted rows per tile, weight rows per warpgroup MMA,
+/// blocks per SM).
+const WG_SHAPES: [(u32, u32, u32); 6] = [
+    (128, 128, 1),
+    (128, 128, 2),
+    (128, 256, 1),
+    (128, 256, 2),
+    (64, 128, 1),
+    (64, 256, 1),
+];
+
+/// The CUDA configurations of the mma.sync families and of the wgmma family's cp.async
+/// kernel (sm_90), with their fp32 twins.
 fn print_emulated(archs: &[String]) {
     for arch in archs {
         let Some(sm) = arch.strip_prefix("sm_").and_then(|s| s.parse::<u32>().ok()) else {
@@ -43,7 +107,7 @@ fn print_emulated(archs: &[String]) {
             std::process::exit(2);
         };
         for spec in selectable_specs(sm) {
-            if !matches!(spec.family, Family::Tile32 | Family::Stream) {
+            if !matches!(spec.family, Family::Tile32 | Family::Stream | Family::Wgmma) {
                 continue;
             }
             // The default launch path (the fused combine is opt-in, MOEPLUG_FUSED_COMBINE=1,
@@ -52,16 +116,44 @@ fn print_emulated(archs: &[String]) {
                 fused_combine: false,
                 ..spec
             };
-            let twin = KernelSpec {
-                family: Family::Fp32,
-                ..spec.clone()
+            let wg = spec.family == Family::Wgmma;
+            // Wgmma with TMA weight tiles (and warp specialisation where it has it), as listed.
+            let tma = (wg && spec.wgmma_tma).then(|| spec.clone());
+            // Wgmma: the cp.async kernel, weight tiles without TMA and without warp
+            // specialisation (the launch's fallback where the driver has no tensor-map encoder).
+            let spec = KernelSpec {
+                wgmma_tma: false,
+                wgmma_ws: false,
+                ..spec
             };
-            println!(
-                "emulate\t{arch}\t{}\t{}\t{}",
-                spec.family.name(),
-                emulated_defines(&spec),
-                emulated_defines(&twin)
-            );
+            // Wgmma: each block shape the heuristics can select for this configuration (the
+            // list's rotation of them is undone by the TMA options it also rotates).
+            let shapes: Vec<KernelSpec> = if wg {
+                WG_SHAPES
+                    .iter()
+                    .map(|&(bm, n, blocks)| KernelSpec {
+                        wgmma_bm: bm,
+                        wgmma_n: n,
+                        wgmma_blocks: blocks,
+                        ..spec.clone()
+                    })
+                    .filter(|s| selectable(sm, s))
+                    .collect()
+            } else {
+                vec![spec]
+            };
+            for spec in shapes.into_iter().chain(tma) {
+                let twin = KernelSpec {
+                    family: Family::Fp32,
+                    ..spec.clone()
+                };
+                println!(
+                    "emulate\t{arch}\t{}\t{}\t{}",
+                    spec.family.name(),
+                    emulated_defines(&spec, wg),
+                    emulated_defines(&twin, wg)
+                );
+            }
         }
     }
 }

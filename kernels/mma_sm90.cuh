@@ -24,6 +24,12 @@ __device__ __forceinline__ u64 wgmma_desc_plain(u32 addr, u32 kstride) {
   return (u64)((addr & 0x3FFFFu) >> 4) | (u64)(kstride >> 4) << 16 | (u64)(128 >> 4) << 32;
 }
 
+#ifdef MP_HOST
+// Compiled as host C++ by the emulator: the same functions, computed from the PTX ISA's
+// descriptor, layout and fragment definitions (scripts/emu/mma_sm90_host.cuh).
+#include "mma_sm90_host.cuh"
+#else
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -98,3 +104,4 @@ __device__ __forceinline__ void wgmma_e4m3_n256(float* d, u64 da, u64 db, int ac
       : "l"(da), "l"(db), "r"(accumulate)
       : "memory");
 }
+#endif  // MP_HOST

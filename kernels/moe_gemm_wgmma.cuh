@@ -82,24 +82,44 @@
 #endif
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
+#ifdef MP_HOST  // the emulator (scripts/emu): the block's emulated dynamic shared memory
+  return emu_shared_addr(p);
+#else
   return (u32)__cvta_generic_to_shared(p);
+#endif
 }
 
 // 16 bytes global -> shared, asynchronously; `bytes` 0 fills the 16 bytes with zeros.
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {
+#ifdef MP_HOST
+  emu_cp_async(dst, src, bytes);  // scripts/emu/mma_sm90_host.cuh
+#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
                : "memory");
+#endif
 }
 __device__ __forceinline__ void cp_async_commit() {
+#ifdef MP_HOST
+  emu_cp_commit();
+#else
   asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
 }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
+#ifdef MP_HOST
+  emu_cp_wait(N);
+#else
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
 }
 // cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() {
+#ifdef MP_HOST
+  // one proxy on the host
+#else
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
 }
 
 // The host's CUtensorMap (opaque, 128 bytes, 64-aligned), a __grid_constant__ kernel parameter.
@@ -109,13 +129,24 @@ struct __align__(64) WgTmaMap {
 
 // mbarrier of one ring stage: the TMA copy of its weight tile completes on it.
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+#ifdef MP_HOST
+  emu_mbar_init(bar, count);
+#else
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
 }
 __device__ __forceinline__ void mbar_expect_bytes(u32 bar, u32 bytes) {
+#ifdef MP_HOST
+  emu_mbar_expect_tx(bar, bytes);
+#else
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                : "memory");
+#endif
 }
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+#ifdef MP_HOST
+  emu_mbar_wait(bar, parity);
+#else
   u32 done;
   do {
     asm volatile(
@@ -125,16 +156,21 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
+#endif
 }
 // Box (16-byte chunk, row of the 16-row group, group, gate/up half, K chunk) of the tensor
 // map at coordinates {0, 0, group, 0, chunk} into shared memory as [chunk][row][16 bytes].
 __device__ __forceinline__ void tma_load_weights(u32 dst, const WgTmaMap* map, int group,
                                                  int chunk, u32 bar) {
+#ifdef MP_HOST
+  emu_tma_load_5d(dst, map->words, 0, 0, group, 0, chunk, bar);
+#else
   asm volatile(
       "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];" ::"r"(dst),
       "l"((u64)map), "r"(0), "r"(0), "r"(group), "r"(0), "r"(chunk), "r"(bar)
       : "memory");
+#endif
 }
 
 // Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile.
@@ -315,7 +351,9 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   u32 full0 = smem_addr(&s_full[0]);
   if (tid == 0) {
     for (int s = 0; s < WG_STAGES; ++s) mbar_init(full0 + 8 * s, 1);
+#ifndef MP_HOST  // the emulator's mbarriers are visible once initialised
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
   }
 #endif
   __syncthreads();
@@ -383,9 +421,13 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     for (int i = 0; i < 4; ++i) {  // word i: codes 8 i .. 8 i + 7 -> one 16-byte chunk
       u32 o[4];
       mx_e2m1_word(words[i], f1, f2, mscale > 128u, o);
+#ifdef MP_HOST
+      emu_st_shared_v4(sb + swz(mr, 4 * mc + i), o);
+#else
       asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(sb + swz(mr, 4 * mc + i)),
                    "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3])
                    : "memory");
+#endif
     }
   };
 #endif
@@ -496,10 +538,18 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
 #define WG_EMPTY_ARRIVALS 8   // one per consumer warp
 
 __device__ __forceinline__ void cp_async_arrive(u32 bar) {
+#ifdef MP_HOST
+  emu_cp_async_arrive(bar);
+#else
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+#endif
 }
 __device__ __forceinline__ void mbar_arrive(u32 bar) {
+#ifdef MP_HOST
+  emu_mbar_arrive(bar);
+#else
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+#endif
 }
 
 // Work item w: its tile and first output column.
@@ -525,7 +575,9 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       mbar_init(full0 + 8 * s, WG_FULL_ARRIVALS);
       mbar_init(empty0 + 8 * s, WG_EMPTY_ARRIVALS);
     }
+#ifndef MP_HOST  // the emulator's mbarriers are visible once initialised
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
   }
   __syncthreads();  // the last block-wide barrier: the roles never meet again
   int K = GATED ? p.H : p.I;

@@ -2,16 +2,16 @@
 # Host emulation of the tensor-core kernel families against the fp32 family, no GPU: each
 # selected configuration is compiled twice as host C++ (its family and FAMILY_FP32, same
 # defines) under scripts/emu/gpu_emulator.h, which runs every GPU thread as a std::thread and
-# emulates the matrix instructions from the ISA's definitions: MFMA (HIP, in the header) and
-# mma.sync m16n8k16 / m16n8k32 (CUDA, scripts/emu/mma_sm80_host.cuh). Both run one fused_moe on
+# emulates the matrix instructions from the ISA's definitions: MFMA (HIP, in the header),
+# mma.sync m16n8k16 / m16n8k32 (CUDA, scripts/emu/mma_sm80_host.cuh) and wgmma m64nNk16 /
+# m64nNk32 with cp.async (CUDA sm_90, scripts/emu/mma_sm90_host.cuh). Both run one fused_moe on
 # the same seeded inputs (scripts/emu/emulate_fused_moe.cpp); the family's result must match
 # the fp32 family's within REL_L2 (stage-2 rows and output), and be finite wherever the fp32
 # family's is. The fp32 family is the reference: the GPU suite checks it against the CPU
 # backend on the H200.
 # What this checks: the family's tile mapping, fragment indexing, scales, padding and
 # epilogues. What it cannot check: that the hardware's fragment layouts are what the ISA
-# documents (the self-test before first use does that on a real device), timing, or the
-# wgmma family (asynchronous shared-memory operands, TMA, mbarriers: not emulated).
+# documents (the self-test before first use does that on a real device), or timing.
 #
 # Configurations (examples/kernel_configs.rs):
 #   hip   for each arch, the first MFMA configuration of every (weight format, act dtype, fp16
@@ -20,13 +20,18 @@
 #   cuda  the first configuration of every (family, tile rows, weight format, act dtype, fp16
 #         activations, stream's K splits) among those of the mma.sync families (tile32,
 #         stream) the heuristics can select on the archs (--emulate), with the block columns
-#         and threads of the host's spec.
+#         and threads of the host's spec; and of wgmma (sm_90, TMA and warp specialisation
+#         off in every selectable block shape, and as listed where it has TMA) the first of
+#         every (tile rows, WG_N, weight format, act dtype, fp16 activations, blocks per SM,
+#         WG_TMA, WG_WS), with the spec's dynamic shared memory and tensor-map geometry.
 # Prints one line per configuration; exits 1 on any failure.
 #
 # usage: scripts/emulate_check.sh hip [ARCH...]      (default gfx942 gfx950)
 #        scripts/emulate_check.sh cuda [ARCH...]     (default sm_80 sm_89 sm_90)
 #   MOEPLUG_ZIG_PYTHON  python with ziglang installed (default .venv/bin/python)
 #   EMULATE_ONLY        an extended regex: only the configurations whose defines match
+#   MOEPLUG_EMULATE_FAMILIES  cuda: only these families (space-separated names, e.g. wgmma;
+#                       default every emulated one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,6 +68,16 @@ grep -q EMU_ROUTE_SHARED "$work/src/moe_common.cuh" || {
   echo "emulate_check: moe_route's shared array not found in moe_common.cuh" >&2
   exit 1
 }
+# The wgmma kernels' dynamic shared array as the launch's buffer (gpu_emulator.h).
+if [ "$target" = cuda ]; then
+  sed -i 's/extern __shared__ u8 wg_smem_raw\[\];/u8* const wg_smem_raw = emu_dyn_shared;/' \
+    "$work/src/moe_gemm_wgmma.cuh"
+  if grep -q 'extern __shared__' "$work/src/moe_gemm_wgmma.cuh" ||
+    ! grep -q emu_dyn_shared "$work/src/moe_gemm_wgmma.cuh"; then
+    echo "emulate_check: the wgmma kernels' shared array not rewritten in moe_gemm_wgmma.cuh" >&2
+    exit 1
+  fi
+fi
 
 build() {  # out arch defines...
   local out=$1 arch=$2 mode
@@ -142,8 +157,16 @@ select_cuda() {
   local kind arch family defines twin key d
   while IFS=$'\t' read -r kind arch family defines twin; do
     [ "$kind" = emulate ] || continue
+    if [ -n "${MOEPLUG_EMULATE_FAMILIES:-}" ] && [[ " $MOEPLUG_EMULATE_FAMILIES " != *" $family "* ]]; then
+      continue
+    fi
     key=$family
     for d in BM WFMT ACT_Q ACT_F16 SW_KW1 SW_KW2 SW_PF SW_PF_TILE; do
+      key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
+    done
+    # wgmma: and its weight rows per MMA, blocks per SM, TMA and warp specialisation (absent
+    # from the other families).
+    for d in WG_N WG_MIN_BLOCKS WG_TMA WG_WS; do
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
     [ -z "${seen[$key]+x}" ] || continue
@@ -163,30 +186,51 @@ fi
 
 n=0
 failed=0
+# The fp32 twin's output by its arch and defines: configurations that differ only in what
+# the fp32 family does not read (the wgmma block shapes) share one run of it.
+declare -A twin_out
 for pick in "${picks[@]}"; do
   IFS='|' read -r arch family defines fp32 <<<"$pick"
   n=$((n + 1))
+  ref=${twin_out[$arch|$fp32]:-}
+  pids=()
   # shellcheck disable=SC2086 # one define per word
   build "$work/family" "$arch" $defines 2>"$work/log.family" &
-  # shellcheck disable=SC2086
-  build "$work/fp32" "$arch" $fp32 2>"$work/log.fp32" &
-  if ! wait -n || ! wait -n; then
-    wait
+  pids+=($!)
+  : >"$work/log.fp32"
+  if [ -z "$ref" ]; then
+    # shellcheck disable=SC2086
+    build "$work/fp32" "$arch" $fp32 2>"$work/log.fp32" &
+    pids+=($!)
+  fi
+  ok=1
+  for pid in "${pids[@]}"; do wait "$pid" || ok=0; done
+  if [ $ok -eq 0 ]; then
     cat "$work/log.family" "$work/log.fp32" >"$work/log"
     echo "FAILED    $arch $family $defines: does not build"
     sed 's/^/    /' "$work/log" | head -20
     failed=$((failed + 1))
     continue
   fi
+  pids=()
   "$work/family" "$work/family.out" &
-  "$work/fp32" "$work/fp32.out" &
-  if ! wait -n || ! wait -n; then
-    wait
+  pids+=($!)
+  if [ -z "$ref" ]; then
+    "$work/fp32" "$work/fp32.$n.out" &
+    pids+=($!)
+  fi
+  ok=1
+  for pid in "${pids[@]}"; do wait "$pid" || ok=0; done
+  if [ $ok -eq 0 ]; then
     echo "FAILED    $arch $family $defines: a run failed"
     failed=$((failed + 1))
     continue
   fi
-  if result=$(compare "$work/fp32.out" "$work/family.out"); then
+  if [ -z "$ref" ]; then
+    ref="$work/fp32.$n.out"
+    twin_out[$arch|$fp32]=$ref
+  fi
+  if result=$(compare "$ref" "$work/family.out"); then
     echo "ok        $arch $family $result  $defines"
   else
     echo "FAILED    $arch $family $result  $defines"

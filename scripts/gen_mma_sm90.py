@@ -28,6 +28,12 @@ __device__ __forceinline__ u64 wgmma_desc_plain(u32 addr, u32 kstride) {
   return (u64)((addr & 0x3FFFFu) >> 4) | (u64)(kstride >> 4) << 16 | (u64)(128 >> 4) << 32;
 }
 
+#ifdef MP_HOST
+// Compiled as host C++ by the emulator: the same functions, computed from the PTX ISA's
+// descriptor, layout and fragment definitions (scripts/emu/mma_sm90_host.cuh).
+#include "mma_sm90_host.cuh"
+#else
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -65,6 +71,7 @@ for n in (128, 256):
     body += func("bf16", "bf16", 16, n, ", 0, 0")
     body += func("f16", "f16", 16, n, ", 0, 0")
     body += func("e4m3", "e4m3", 32, n, "")  # fp8: K-major only, no transpose operands
+body += "#endif  // MP_HOST\n"
 out = pathlib.Path(__file__).resolve().parent.parent / "kernels" / "mma_sm90.cuh"
 out.write_text(body)
 print(f"wrote {out}")

@@ -61,7 +61,15 @@ EmuWave emu_waves[EMU_MAX_GROUPS];
 #include "fused_moe.cu"
 
 // Problem size: padded K in both stages (I < Ip); expert 0 gets several tiles (below).
+#if EMU_WG_SHAPES
+// The wgmma family and its fp32 twin (examples/kernel_configs.rs): expert 0 gets more than
+// one full 128-row tile (checked below), K spans several 128-byte steps in both stages (16-bit
+// stage 1: 8, more than the ring's stages; fp8: 4 and 2; stage 2's last one partial) and
+// stage 1's last column block is partial.
+static const int M = 192, TOPK = 2, E_GLOBAL = 4, H = 512, HP = 512, I = 224, IP = 256;
+#else
 static const int M = 53, TOPK = 2, E_GLOBAL = 4, H = 256, HP = 256, I = 96, IP = 128;
+#endif
 
 static unsigned long long rng_state = 0x9e3779b97f4a7c15ull;
 static unsigned rnd() {
@@ -123,7 +131,8 @@ static std::vector<u8> scales(int E, int N, int K) {
 }
 
 template <typename F>
-static void launch(F kernel, const Params& p, int gx, int gy, int threads) {
+static void launch(F kernel, const Params& p, int gx, int gy, int threads,
+                   unsigned dyn_bytes = 0) {
   std::barrier<> block(threads);
   emu_block_barrier = &block;
   int groups = threads / EMU_LANES;
@@ -133,6 +142,11 @@ static void launch(F kernel, const Params& p, int gx, int gy, int threads) {
     exit(2);
   }
   for (int w = 0; w < groups; ++w) emu_group_barrier[w] = new std::barrier<>(EMU_LANES);
+  // Warpgroups (wgmma) and the dynamic shared memory (gpu_emulator.h).
+  for (int g = 0; g < groups / 4; ++g) emu_wg_barrier[g] = new std::barrier<>(4 * EMU_LANES);
+  std::vector<unsigned char> dyn(dyn_bytes);
+  gridDim = {(unsigned)gx, (unsigned)gy, 1};
+  emu_dyn_shared = dyn.data(), emu_dyn_bytes = dyn_bytes;
   std::vector<std::thread> ts;
   for (int t = 0; t < threads; ++t)
     ts.emplace_back([&, t] {
@@ -140,12 +154,21 @@ static void launch(F kernel, const Params& p, int gx, int gy, int threads) {
       for (int y = 0; y < gy; ++y)
         for (int x = 0; x < gx; ++x) {
           blockIdx = {(unsigned)x, (unsigned)y, 0};
+          if (dyn_bytes) {  // what the last block left is not this block's data
+            if (t == 0) memset(dyn.data(), 0xff, dyn_bytes);
+            __syncthreads();
+          }
           kernel(p);
+          if (emu_async_pending) emu_fail("left a block with asynchronous operations pending", emu_async_pending);
           __syncthreads();  // the next block starts after every thread left this one
         }
     });
   for (auto& t : ts) t.join();
+#if FAMILY == FAMILY_WGMMA
+  emu_mbar_check_drained();
+#endif
   for (int w = 0; w < groups; ++w) delete emu_group_barrier[w];
+  for (int g = 0; g < groups / 4; ++g) delete emu_wg_barrier[g];
 }
 
 int main(int argc, char** argv) {
@@ -177,6 +200,14 @@ int main(int argc, char** argv) {
       tw[t * TOPK + s] = 0.25f + 0.5f * (rnd() % 100) / 100.0f;
     }
 
+#if EMU_WG_SHAPES
+  int rows0 = 0;
+  for (int id : ids) rows0 += id == 0;
+  if (rows0 <= 128) {
+    fprintf(stderr, "emulate_fused_moe: expert 0 has %d rows, not more than a 128-row tile\n", rows0);
+    return 2;
+  }
+#endif
   // Routing outputs (moe_route fills them): at most one partial tile per expert.
   int pairs = M * TOPK, total = 0;
   int max_tiles = E + (pairs + BM - 1) / BM;
@@ -225,15 +256,58 @@ int main(int argc, char** argv) {
   // column only skips its stores).
   const int n1 = 64, n2 = 64, gemm_threads = THREADS;
 #endif
+#ifdef EMU_DYN_SHARED
+  const unsigned dyn = EMU_DYN_SHARED;  // the GEMM blocks' dynamic shared memory (spec)
+#else
+  const unsigned dyn = 0;
+#endif
   launch(moe_route, p, 1, 1, SCAN_THREADS);
   if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax1, p, M, 1, THREADS);
   if (ACT_Q) launch(moe_quant1, p, M, 1, THREADS);
-  launch(moe_stage1, p, max_tiles, (I + n1 - 1) / n1, gemm_threads);
+#if FAMILY == FAMILY_WGMMA && WG_TMA
+  // The weights' tensor maps from the host's geometry (tma.rs, printed by kernel_configs for
+  // this problem: EMU_TMA1 / EMU_TMA2 = globalDim[5], globalStrides[4], boxDim[5]).
+  WgTmaMap map1, map2;
+  {
+    const u64 g1[14] = {EMU_TMA1}, g2[14] = {EMU_TMA2};
+    const unsigned b1[5] = {(unsigned)g1[9], (unsigned)g1[10], (unsigned)g1[11],
+                            (unsigned)g1[12], (unsigned)g1[13]};
+    const unsigned b2[5] = {(unsigned)g2[9], (unsigned)g2[10], (unsigned)g2[11],
+                            (unsigned)g2[12], (unsigned)g2[13]};
+    // The geometry was computed for this problem: its K chunks are the real columns', its
+    // group strides the padded rows'.
+    if (g1[4] != (u64)H * WG_ESIZE / 16 || g2[4] != (u64)I * WG_ESIZE / 16 ||
+        g1[6] != 16ull * HP * WG_ESIZE * (GATE == GM_INTERLEAVE ? 2 : 1) ||
+        g2[6] != 16ull * IP * WG_ESIZE) {
+      fprintf(stderr, "emulate_fused_moe: EMU_TMA1/2 are not of this problem's shapes\n");
+      return 2;
+    }
+    emu_tma_map(map1.words, (u64)(uintptr_t)w13.data(), g1, g1 + 5, b1);
+    emu_tma_map(map2.words, (u64)(uintptr_t)w2.data(), g2, g2 + 5, b2);
+  }
+  auto stage1 = [&](const Params& q) { moe_stage1(q, map1); };
+  auto stage2 = [&](const Params& q) { moe_stage2(q, map2); };
+#else
+  auto stage1 = [](const Params& q) { moe_stage1(q); };
+  auto stage2 = [](const Params& q) { moe_stage2(q); };
+#endif
+#if FAMILY == FAMILY_WGMMA && WG_WS
+  // Persistent: one block per SM walks every (tile, column block); a few SMs, so that each
+  // block takes several work items.
+  const int sms = 3;
+  auto grid = [&](int gx, int gy, int& x, int& y) { x = gx * gy < sms ? gx * gy : sms, y = 1; };
+#else
+  auto grid = [](int gx, int gy, int& x, int& y) { x = gx, y = gy; };
+#endif
+  int gx, gy;
+  grid(max_tiles, (I + n1 - 1) / n1, gx, gy);
+  launch(stage1, p, gx, gy, gemm_threads, dyn);
   check_prefetch("stage 1");
   if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax2, p, pairs, 1, THREADS);
   if (ACT_Q) launch(moe_quant2, p, pairs, 1, THREADS);
   p.ncb2 = (H + n2 - 1) / n2;
-  launch(moe_stage2, p, max_tiles, p.ncb2, gemm_threads);
+  grid(max_tiles, p.ncb2, gx, gy);
+  launch(stage2, p, gx, gy, gemm_threads, dyn);
   check_prefetch("stage 2");
   launch(moe_reduce, p, M, (H + THREADS - 1) / THREADS, THREADS);
 

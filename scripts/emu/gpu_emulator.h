@@ -172,3 +172,60 @@ static inline emu_f32x4 emu_mfma_fp8(long a, long b, emu_f32x4 c, bool fnuz) {
 #define __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(a, b, c, x, y, z) emu_mfma_fp8(a, b, c, false)
 #endif
 #endif  // !EMU_CUDA
+
+// ---- dynamic shared memory, warpgroups, asynchronous copies (wgmma family, sm_90) ----------
+// The running block's dynamic shared memory (`extern __shared__`, which the check script
+// rewrites to this buffer): as many bytes as the launch passes (the host's
+// dynamic_shared_bytes), refilled with 0xff bytes (NaN in every operand format) before each
+// block, at shared-state-space address EMU_DYN_SHARED_ADDR (not 1024-aligned, as after a
+// kernel's static shared arrays on a GPU). Every shared access of the wgmma host forms goes
+// through emu_shared_ptr, which stops the run on an access outside it. A static __shared__
+// array whose address is taken (the mbarriers) gets a 256-byte window below it, at
+// EMU_STATIC_SHARED_ADDR + 256 k: its address names the mbarrier state (mma_sm90_host.cuh);
+// no data is accessed through it.
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <mutex>
+
+#define EMU_DYN_SHARED_ADDR 0x1230u
+#define EMU_STATIC_SHARED_ADDR 0x30u
+#define EMU_STATIC_WINDOWS 16
+#define EMU_MAX_WARPGROUPS (EMU_MAX_GROUPS / 4)
+inline unsigned char* emu_dyn_shared;
+inline unsigned emu_dyn_bytes;
+// One barrier per warpgroup (4 warps) of the running block: the threads of a wgmma.
+inline std::barrier<>* emu_wg_barrier[EMU_MAX_WARPGROUPS];
+// This thread's asynchronous operations (cp.async copies, wgmma) not yet completed: a thread
+// that leaves a block with some pending is a kernel bug (the launch stops).
+inline thread_local int emu_async_pending;
+inline std::mutex emu_static_mu;
+inline const void* emu_static_obj[EMU_STATIC_WINDOWS];  // the arrays given windows
+
+[[noreturn]] static inline void emu_fail(const char* what, unsigned long long v) {
+  fprintf(stderr, "emulator: %s (%llu; thread %u, block %u,%u)\n", what, v, threadIdx.x,
+          blockIdx.x, blockIdx.y);
+  fflush(stderr);
+  _Exit(3);
+}
+// The shared-state-space address of a pointer into the dynamic shared memory (cvta).
+static inline unsigned emu_shared_addr(const void* p) {
+  const unsigned char* c = (const unsigned char*)p;
+  if (c >= emu_dyn_shared && c <= emu_dyn_shared + emu_dyn_bytes)
+    return EMU_DYN_SHARED_ADDR + (unsigned)(c - emu_dyn_shared);
+  std::lock_guard<std::mutex> lock(emu_static_mu);
+  for (unsigned k = 0; k < EMU_STATIC_WINDOWS; ++k) {
+    if (!emu_static_obj[k]) emu_static_obj[k] = p;
+    if (emu_static_obj[k] == p) return EMU_STATIC_SHARED_ADDR + 256 * k;
+  }
+  emu_fail("shared address: more static shared arrays than windows", (uintptr_t)p);
+}
+// The bytes [addr, addr + n) of the shared state space.
+static inline unsigned char* emu_shared_ptr(unsigned addr, unsigned n) {
+  if (addr < EMU_DYN_SHARED_ADDR || addr - EMU_DYN_SHARED_ADDR + (unsigned long long)n > emu_dyn_bytes)
+    emu_fail("shared access outside the dynamic shared memory, address", addr);
+  return emu_dyn_shared + (addr - EMU_DYN_SHARED_ADDR);
+}
+#define __grid_constant__
+inline emu_uint3 gridDim;  // the running launch's grid (persistent kernels)

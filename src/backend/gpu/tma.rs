@@ -26,6 +26,10 @@ pub struct WeightTensor {
     pub rows: usize,
     /// Bytes of one stored row (the padded K times the element size).
     pub row_bytes: usize,
+    /// Bytes of a row that are real columns (the logical K times the element size): the map
+    /// ends there, so a box's chunks past it are zero-filled, not read (the padding's content
+    /// is undefined: API.md, "padded rows and columns are skipped").
+    pub k_bytes: usize,
     /// Stage 1: `Some(gate mode, intermediate_padded)`, the rows come as gate/up halves.
     pub gated: Option<(GateMode, usize)>,
     /// Weight rows of one block (stage 1: half gate, half up).
@@ -38,10 +42,10 @@ const K_STEP_BYTES: usize = 128;
 /// globalDim, globalStrides (dims 1..4, bytes) and boxDim of the map, innermost first.
 pub fn geometry(w: &WeightTensor) -> Result<([u64; 5], [u64; 4], [u32; 5])> {
     let wrow = w.row_bytes as u64;
-    let chunks = w.row_bytes / 16;
-    if w.row_bytes % 16 != 0 {
+    let chunks = w.k_bytes / 16;
+    if w.row_bytes % 16 != 0 || w.k_bytes % 16 != 0 || w.k_bytes > w.row_bytes {
         return Err(Error::internal(
-            "TMA weights: rows are not whole 16-byte chunks",
+            "TMA weights: rows or their real columns are not whole 16-byte chunks",
         ));
     }
     let (groups, group_stride, halves, half_stride, box_groups) = match w.gated {
@@ -126,6 +130,7 @@ mod tests {
             experts: 128,
             rows: 2 * 768,
             row_bytes: 2048 * 2,
+            k_bytes: 2048 * 2,
             gated: Some((gate, 768)),
             block_rows: 128,
         }
@@ -155,6 +160,7 @@ mod tests {
             experts: 128,
             rows: 2048,
             row_bytes: 768 * 2,
+            k_bytes: 768 * 2,
             gated: None,
             block_rows: 128,
         };
@@ -162,5 +168,24 @@ mod tests {
         assert_eq!(dims, [16, 16, 128 * 2048 / 16, 1, 768 * 2 / 16]);
         assert_eq!(strides[1], 16 * 768 * 2);
         assert_eq!(boxes, [16, 16, 8, 1, 8]);
+    }
+
+    #[test]
+    fn the_map_ends_at_the_real_columns_of_a_padded_k() {
+        // 224 real fp8 columns of 256 stored: 14 chunks in the map, rows still 256 bytes apart.
+        let w = WeightTensor {
+            address: 0,
+            experts: 4,
+            rows: 512,
+            row_bytes: 256,
+            k_bytes: 224,
+            gated: None,
+            block_rows: 128,
+        };
+        let (dims, strides, _) = geometry(&w).unwrap();
+        assert_eq!(dims[4], 14);
+        assert_eq!(strides[1], 16 * 256);
+        let odd = WeightTensor { k_bytes: 232, ..w };
+        assert!(geometry(&odd).is_err());
     }
 }
