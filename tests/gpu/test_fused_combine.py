@@ -114,6 +114,9 @@ def test_fused_combine_gives_moe_reduce_bits(tmp_path, family):
     assert fused["outs"].keys() == unfused["outs"].keys()
     differ = [k for k in fused["outs"] if not torch.equal(fused["outs"][k], unfused["outs"][k])]
     assert not differ, f"fused combine bits differ from moe_reduce: {differ}"
+    if os.environ.get("MOEPLUG_UNDER_SANITIZER") == "1":
+        pytest.skip("bits compared; the launch count is not: torch.profiler sees no kernels "
+                    "under compute-sanitizer (bench/sanitize.sh)")
     # The launch count: no moe_reduce once fused (bf16 at M = 7 runs on the stream family when
     # the heuristics pick).
     assert "moe_stage2" in fused["kernels"] and "moe_stage2" in unfused["kernels"]

@@ -49,8 +49,12 @@ pub fn geometry(w: &WeightTensor) -> Result<([u64; 5], [u64; 4], [u32; 5])> {
         ));
     }
     let (groups, group_stride, halves, half_stride, box_groups) = match w.gated {
+        // A gate group g is read with its up group g + ip / 16 (the half stride): g stops one
+        // half before the end, so no in-bounds coordinate addresses past the tensor. A block
+        // whose rows pass the last expert's gate half (ip not a multiple of its half rows)
+        // gets those rows zero-filled, not read from past the allocation.
         Some((GateMode::Separated, ip)) => (
-            w.experts * w.rows / 16,
+            (w.experts * w.rows - ip) / 16,
             16 * wrow,
             2,
             ip as u64 * wrow,
@@ -139,7 +143,7 @@ mod tests {
     #[test]
     fn separated_gate_and_up_halves_are_intermediate_padded_rows_apart() {
         let (dims, strides, boxes) = geometry(&qwen3_stage1(GateMode::Separated)).unwrap();
-        assert_eq!(dims, [16, 16, 128 * 1536 / 16, 2, 4096 / 16]);
+        assert_eq!(dims, [16, 16, (128 * 1536 - 768) / 16, 2, 4096 / 16]);
         assert_eq!(strides, [16, 16 * 4096, 768 * 4096, 256]);
         // 64 gate rows (4 groups) and their 64 up rows, one 128-byte K step.
         assert_eq!(boxes, [16, 16, 4, 2, 8]);
@@ -168,6 +172,47 @@ mod tests {
         assert_eq!(dims, [16, 16, 128 * 2048 / 16, 1, 768 * 2 / 16]);
         assert_eq!(strides[1], 16 * 768 * 2);
         assert_eq!(boxes, [16, 16, 8, 1, 8]);
+    }
+
+    /// The largest byte offset any in-bounds coordinate of the map reaches.
+    fn last_byte(w: &WeightTensor) -> u64 {
+        let (dims, strides, _) = geometry(w).unwrap();
+        let strides = [1, strides[0], strides[1], strides[2], strides[3]];
+        dims.iter().zip(strides).map(|(d, s)| (d - 1) * s).sum()
+    }
+
+    #[test]
+    fn no_coordinate_in_bounds_addresses_past_the_tensor() {
+        // ip = 160: the last 64-row block of a gate half passes it (the H200's memcheck found
+        // the separated map reading past the w13 allocation there).
+        for (ip, hp, k_bytes) in [(160usize, 320usize, 320usize), (768, 2048, 4096), (256, 512, 448)] {
+            for gated in [
+                Some((GateMode::Separated, ip)),
+                Some((GateMode::Interleave, ip)),
+                None,
+            ] {
+                let rows = if gated.is_some() { 2 * ip } else { hp };
+                let w = WeightTensor {
+                    address: 0,
+                    experts: 8,
+                    rows,
+                    row_bytes: k_bytes.next_multiple_of(128),
+                    k_bytes,
+                    gated,
+                    block_rows: 128,
+                };
+                let size = (w.experts * w.rows * w.row_bytes) as u64;
+                assert!(last_byte(&w) < size, "{gated:?} ip={ip}: {} of {size}", last_byte(&w));
+            }
+        }
+    }
+
+    #[test]
+    fn every_gate_group_of_every_expert_is_in_bounds() {
+        let w = qwen3_stage1(GateMode::Separated);
+        let (dims, _, _) = geometry(&w).unwrap();
+        // The last expert's last gate group: (E - 1) * 2 ip / 16 + ip / 16 - 1.
+        assert_eq!(dims[2], (127 * 1536 / 16 + 768 / 16 - 1) + 1);
     }
 
     #[test]
