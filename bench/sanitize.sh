@@ -57,7 +57,10 @@ san=(compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit "${SAN_PR
 # (an unknown device id, a pointer query of a freed buffer): the tests assert the status.
 san+=(--report-api-errors no)
 if [ -n "$kernels" ]; then
-  if [[ $kernels == regex=* ]] && ! compute-sanitizer --help 2>&1 | grep -q "regex"; then
+  # The help text first, then grep: `--help | grep -q` under pipefail fails whenever grep's
+  # early exit gives compute-sanitizer a SIGPIPE, and every kernel was then instrumented.
+  san_help=$(compute-sanitizer --help 2>&1)
+  if [[ $kernels == regex=* ]] && ! grep -q "regex" <<<"$san_help"; then
     echo "note: this compute-sanitizer has no regex kernel filter: every kernel is instrumented"
   else
     san+=(--kernel-name "$kernels")
