@@ -185,7 +185,11 @@ mod tests {
     fn no_coordinate_in_bounds_addresses_past_the_tensor() {
         // ip = 160: the last 64-row block of a gate half passes it (the H200's memcheck found
         // the separated map reading past the w13 allocation there).
-        for (ip, hp, k_bytes) in [(160usize, 320usize, 320usize), (768, 2048, 4096), (256, 512, 448)] {
+        for (ip, hp, k_bytes) in [
+            (160usize, 320usize, 320usize),
+            (768, 2048, 4096),
+            (256, 512, 448),
+        ] {
             for gated in [
                 Some((GateMode::Separated, ip)),
                 Some((GateMode::Interleave, ip)),
@@ -202,7 +206,11 @@ mod tests {
                     block_rows: 128,
                 };
                 let size = (w.experts * w.rows * w.row_bytes) as u64;
-                assert!(last_byte(&w) < size, "{gated:?} ip={ip}: {} of {size}", last_byte(&w));
+                assert!(
+                    last_byte(&w) < size,
+                    "{gated:?} ip={ip}: {} of {size}",
+                    last_byte(&w)
+                );
             }
         }
     }
