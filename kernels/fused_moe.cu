@@ -25,3 +25,7 @@
 #else
 #error "unknown FAMILY"
 #endif
+// Every kernel of a PDL module must wait on its predecessor: the stream family's stages do.
+#if PDL && FAMILY != FAMILY_STREAM
+#error "PDL: only the stream family's stages call pdl_enter"
+#endif

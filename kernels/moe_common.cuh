@@ -73,6 +73,23 @@ struct Params {
 #define QGROUP(k) 0
 #endif
 
+// ---- programmatic dependent launch (PDL, sm_90, spec::KernelSpec::pdl) -------------------
+
+#ifndef PDL
+#define PDL 0
+#endif
+// First statement of every kernel of the module. With PDL the host launches each kernel as a
+// programmatic dependent of the previous one in the stream: its blocks may be resident while
+// that one finishes, and wait here until it has completed and its writes are visible; only
+// then do they let the next kernel start, so a kernel that starts early never reads results
+// of any grid before its predecessor.
+__device__ __forceinline__ void pdl_enter() {
+#if PDL && !defined(MP_HOST)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---- weights ----------------------------------------------------------------------------
 
 // Storage offset of (n, k) in an [N, K] matrix of `pack`-element 16-byte packs (F1 with
@@ -357,6 +374,7 @@ __device__ __forceinline__ int local_tokens(const Params& p) {
 // (-1 = padding). Order inside an expert is whatever the atomics give: every row is computed
 // independently, so results do not depend on it.
 MP_KERNEL void __launch_bounds__(SCAN_THREADS) moe_route(Params p) {
+  pdl_enter();
   extern __shared__ int sm[];
   int* s_start = sm;              // E + 1: tile start per expert
   int* s_cursor = sm + p.E + 1;   // E: next free row per expert
@@ -551,6 +569,7 @@ __device__ void quant_rows(const Params& p) {
 // codes (MXFP4 packed two per byte, low nibble first) and scales (f32 for fp8, e8m0 for MX)
 // copied into the stage-1 workspace in the form quant_rows<1> writes, one block per row.
 MP_KERNEL void __launch_bounds__(THREADS) moe_import1(Params p) {
+  pdl_enter();
 #if ACT_Q
   i64 row = blockIdx.x;
   if (row >= local_tokens(p)) return;  // uniform over the block
@@ -575,10 +594,22 @@ MP_KERNEL void __launch_bounds__(THREADS) moe_import1(Params p) {
 #endif
 }
 
-MP_KERNEL void __launch_bounds__(THREADS) moe_amax1(Params p) { amax_rows<1>(p); }
-MP_KERNEL void __launch_bounds__(THREADS) moe_amax2(Params p) { amax_rows<2>(p); }
-MP_KERNEL void __launch_bounds__(THREADS) moe_quant1(Params p) { quant_rows<1>(p); }
-MP_KERNEL void __launch_bounds__(THREADS) moe_quant2(Params p) { quant_rows<2>(p); }
+MP_KERNEL void __launch_bounds__(THREADS) moe_amax1(Params p) {
+  pdl_enter();
+  amax_rows<1>(p);
+}
+MP_KERNEL void __launch_bounds__(THREADS) moe_amax2(Params p) {
+  pdl_enter();
+  amax_rows<2>(p);
+}
+MP_KERNEL void __launch_bounds__(THREADS) moe_quant1(Params p) {
+  pdl_enter();
+  quant_rows<1>(p);
+}
+MP_KERNEL void __launch_bounds__(THREADS) moe_quant2(Params p) {
+  pdl_enter();
+  quant_rows<2>(p);
+}
 
 // ---- top-k reduction ---------------------------------------------------------------------
 
@@ -620,6 +651,7 @@ __device__ __forceinline__ void store_out(const Params& p, int t, int n, float v
 // out[t, n] = slot_sum for routed pairs; rows at or beyond num_local_tokens and padded
 // columns are zero.
 MP_KERNEL void __launch_bounds__(THREADS) moe_reduce(Params p) {
+  pdl_enter();
   int t = blockIdx.x, n = blockIdx.y * THREADS + threadIdx.x;  // x: tokens (no 65535 cap)
   if (n >= p.out_cols) return;
   store_out(p, t, n, t < local_tokens(p) && n < p.H ? slot_sum(p, t, n) : 0.0f);

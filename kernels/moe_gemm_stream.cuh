@@ -530,8 +530,10 @@ __device__ void moe_gemm_stream(const Params& p) {
 #define SW_MIN_BLOCKS 1
 #endif
 MP_KERNEL void __launch_bounds__(THREADS, SW_MIN_BLOCKS) moe_stage1(Params p) {
+  pdl_enter();
   moe_gemm_stream<true>(p);
 }
 MP_KERNEL void __launch_bounds__(THREADS, SW_MIN_BLOCKS) moe_stage2(Params p) {
+  pdl_enter();
   moe_gemm_stream<false>(p);
 }

@@ -65,6 +65,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 split_k: [[8, 4, 2, 1][n % 4], [8, 4, 2, 1][(n / 4) % 4]],
                                 stream_bm: STREAM_TILE_ROWS[0], // the default; 32 below
                                 stream_prefetch: StreamPrefetch::Off, // the default; others below
+                                pdl: false,                     // the default; sm_90 below
                                 // both tile heights and widths meet every format
                                 wgmma_n: [128, 256][chosen % 2],
                                 wgmma_bm: [128, 64][(chosen / 2) % 2],
@@ -136,6 +137,15 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(prefetched);
+                                // MOEPLUG_PDL=1 (opt-in, sm_90 only): every fourth stream
+                                // configuration as a programmatic dependent launch.
+                                let pdl = (family == Family::Stream && chosen % 4 == 3)
+                                    .then(|| KernelSpec {
+                                        pdl: true,
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(pdl);
                                 // GELU_TANH differs from GELU in the epilogue's one call:
                                 // it is compiled wherever GELU is.
                                 let tanh =

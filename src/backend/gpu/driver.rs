@@ -31,6 +31,33 @@ pub type TensorMapEncodeTiled = unsafe extern "C" fn(
     c_int,
 ) -> c_int;
 
+/// `CUlaunchAttribute`: an id, then a 64-byte value union at offset 8.
+#[repr(C)]
+pub struct LaunchAttribute {
+    pub id: c_uint,
+    pub pad: c_uint,
+    pub value: [u8; 64],
+}
+
+/// `CUlaunchConfig` of `cuLaunchKernelEx`.
+#[repr(C)]
+pub struct LaunchConfig {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared_bytes: c_uint,
+    pub stream: Handle,
+    pub attrs: *mut LaunchAttribute,
+    pub num_attrs: c_uint,
+}
+
+/// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`: the kernel may start before the
+/// previous one of its stream completes (it waits with `griddepcontrol.wait`).
+pub const LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: c_uint = 6;
+
+/// `cuLaunchKernelEx(config, f, kernelParams, extra)`.
+pub type LaunchKernelEx =
+    unsafe extern "C" fn(*const LaunchConfig, Handle, *mut *mut c_void, *mut *mut c_void) -> c_int;
+
 /// Driver + RTC entry points. Field names follow the CUDA spelling; for HIP they hold the
 /// hip*/hiprtc* equivalents.
 #[allow(non_snake_case)]
@@ -53,6 +80,9 @@ pub struct Api {
     /// `cuTensorMapEncodeTiled` (CUDA 12+, sm_90 TMA): the wgmma family's weight tiles.
     /// Absent on older drivers (the family then copies them per thread).
     pub cuTensorMapEncodeTiled: Option<TensorMapEncodeTiled>,
+    /// `cuLaunchKernelEx` (CUDA 12+): launches with attributes, for the opt-in programmatic
+    /// dependent launch (`MOEPLUG_PDL`). Absent on older drivers (the launches stay plain).
+    pub cuLaunchKernelEx: Option<LaunchKernelEx>,
     pub cuLaunchKernel: unsafe extern "C" fn(
         Handle,
         c_uint,
@@ -251,6 +281,7 @@ pub fn load(vendor: Vendor) -> Result<Api> {
                     cuModuleGetFunction: drv.get("cuModuleGetFunction")?,
                     cuFuncSetAttribute: Some(drv.get("cuFuncSetAttribute")?),
                     cuTensorMapEncodeTiled: drv.get("cuTensorMapEncodeTiled").ok(),
+                    cuLaunchKernelEx: drv.get("cuLaunchKernelEx").ok(),
                     cuLaunchKernel: drv.get("cuLaunchKernel")?,
                     cuMemAlloc: drv.get("cuMemAlloc_v2")?,
                     cuMemFree: drv.get("cuMemFree_v2")?,
@@ -336,6 +367,7 @@ fn hip_driver(vendor: Vendor) -> Result<Api> {
             cuModuleGetFunction: drv.get("hipModuleGetFunction")?,
             cuFuncSetAttribute: None,
             cuTensorMapEncodeTiled: None,
+            cuLaunchKernelEx: None,
             cuLaunchKernel: drv.get("hipModuleLaunchKernel")?,
             cuMemAlloc: drv.get("hipMalloc")?,
             cuMemFree: drv.get("hipFree")?,
@@ -383,6 +415,7 @@ fn hip_driver(vendor: Vendor) -> Result<Api> {
             cuModuleGetFunction: f!(hipModuleGetFunction),
             cuFuncSetAttribute: None,
             cuTensorMapEncodeTiled: None,
+            cuLaunchKernelEx: None,
             cuLaunchKernel: f!(hipModuleLaunchKernel),
             cuMemAlloc: f!(hipMalloc),
             cuMemFree: f!(hipFree),
@@ -541,6 +574,19 @@ unsafe fn nv_rtc(rtc: &Library) -> Result<Rtc> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn launch_config_and_attribute_have_the_driver_layout() {
+        // cuda.h (x86-64): CUlaunchAttribute { id; pad to 8; 64-byte value union },
+        // CUlaunchConfig { 7 unsigned; CUstream at 32; attrs at 40; numAttrs at 48 }.
+        assert_eq!(std::mem::size_of::<LaunchAttribute>(), 72);
+        assert_eq!(std::mem::offset_of!(LaunchAttribute, value), 8);
+        assert_eq!(std::mem::offset_of!(LaunchConfig, shared_bytes), 24);
+        assert_eq!(std::mem::offset_of!(LaunchConfig, stream), 32);
+        assert_eq!(std::mem::offset_of!(LaunchConfig, attrs), 40);
+        assert_eq!(std::mem::offset_of!(LaunchConfig, num_attrs), 48);
+        assert_eq!(std::mem::size_of::<LaunchConfig>(), 56);
+    }
 
     #[test]
     fn already_loaded_probe_finds_only_what_the_process_has() {

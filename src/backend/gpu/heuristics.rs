@@ -83,6 +83,11 @@ static STREAM_PREFETCH_PREFERENCE: Lazy<Option<StreamPrefetch>> = Lazy::new(|| {
         .and_then(|v| StreamPrefetch::parse(&v))
 });
 
+/// `MOEPLUG_PDL=1`: programmatic dependent launch for the stream family on sm_90 (an A/B
+/// switch until the H200 measures it; off by default).
+static PDL_PREFERENCE: Lazy<bool> =
+    Lazy::new(|| std::env::var("MOEPLUG_PDL").is_ok_and(|v| v.trim() == "1"));
+
 /// `MOEPLUG_FUSED_COMBINE=0|1`: a diagnostic switch of the fused top-k combine (A/B on a
 /// device); 1, like unset, fuses it where the family covers it, 0 launches `moe_reduce`.
 static FUSED_COMBINE_PREFERENCE: Lazy<Option<bool>> = Lazy::new(|| {
@@ -181,6 +186,9 @@ fn pack_values(format: WeightFormat) -> usize {
     }
 }
 
+/// `griddepcontrol` (programmatic dependent launch) is sm_90+.
+pub const PDL_MIN_SM: u32 = 90;
+
 /// Why the stream family cannot be compiled for this configuration on `sm`, or None.
 pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str> {
     use ActDtype as A;
@@ -190,6 +198,9 @@ pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
     }
     if spec.stream_prefetch.on(sm) != spec.stream_prefetch {
         return Some("the bulk L2 prefetch needs sm_90");
+    }
+    if spec.pdl && sm < PDL_MIN_SM {
+        return Some("programmatic dependent launch needs sm_90");
     }
     // Stage 2 of a separate stage-2 act dtype is a module of its own: both must be covered.
     if spec.separate_stage2() {
@@ -412,6 +423,7 @@ pub fn spec_for(
         spec.stream_bm = STREAM_BM_PREFERENCE.unwrap_or(STREAM_TILE_ROWS[0]);
         let prefetch = STREAM_PREFETCH_PREFERENCE.unwrap_or(StreamPrefetch::Off);
         spec.stream_prefetch = sm_version(arch).map_or(prefetch, |sm| prefetch.on(sm));
+        spec.pdl = *PDL_PREFERENCE && sm_version(arch).is_some_and(|sm| sm >= PDL_MIN_SM);
     }
     if family == Family::Wgmma {
         // Each step (the diagnostic shape, then TMA, then warp specialisation) is taken only
@@ -548,6 +560,24 @@ mod tests {
         assert!(selectable_specs(90)
             .iter()
             .any(|s| matches!(s.stream_prefetch, StreamPrefetch::Steps(_))));
+    }
+
+    #[test]
+    fn programmatic_dependent_launch_is_selectable_on_sm_90_stream_only() {
+        use super::super::compile_check::selectable_specs;
+        let pdl: Vec<KernelSpec> = selectable_specs(90).into_iter().filter(|s| s.pdl).collect();
+        assert!(!pdl.is_empty());
+        assert!(pdl.iter().all(|s| s.family == Family::Stream));
+        assert!(pdl
+            .iter()
+            .all(|s| s.defines().contains(&"PDL=1".to_string())));
+        for sm in [80, 89] {
+            assert!(!selectable_specs(sm).iter().any(|s| s.pdl), "sm_{sm}");
+            assert_eq!(
+                stream_spec_unsupported(sm, &pdl[0]),
+                Some("programmatic dependent launch needs sm_90")
+            );
+        }
     }
 
     #[test]

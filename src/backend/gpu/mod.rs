@@ -444,6 +444,7 @@ impl GpuBackend {
         stream: Handle,
         params: &launch::KernelParams,
         map: Option<&tma::TensorMap>,
+        pdl: bool,
         what: &str,
     ) -> Result<()> {
         let mut args = [
@@ -452,6 +453,32 @@ impl GpuBackend {
                 m as *const tma::TensorMap as *mut c_void
             }),
         ];
+        if pdl {
+            let Some(launch_ex) = self.api.cuLaunchKernelEx else {
+                return Err(Error::internal(
+                    "a PDL kernel without cuLaunchKernelEx (for_driver clears PDL)",
+                ));
+            };
+            let mut attr = driver::LaunchAttribute {
+                id: driver::LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: 0,
+                value: [0; 64],
+            };
+            attr.value[..4].copy_from_slice(&1i32.to_ne_bytes()); // allowed = 1
+            let config = driver::LaunchConfig {
+                grid: [grid.0, grid.1, 1],
+                block: [block, 1, 1],
+                shared_bytes: shared,
+                stream,
+                attrs: &mut attr,
+                num_attrs: 1,
+            };
+            // SAFETY: as below; `config` and its one attribute outlive the call.
+            let rc = unsafe { launch_ex(&config, f, args.as_mut_ptr(), std::ptr::null_mut()) };
+            return self
+                .api
+                .check(rc, &format!("cuLaunchKernelEx({what}, PDL)"));
+        }
         // SAFETY: by-value parameters matching the kernel's: `Params`, then (wgmma with
         // WG_TMA) its weights' tensor map; the driver reads as many as the kernel declares.
         let rc = unsafe {
@@ -559,6 +586,7 @@ impl GpuBackend {
         let mut s = spec.clone();
         s.wgmma_tma &= self.api.cuTensorMapEncodeTiled.is_some();
         s.wgmma_ws &= s.wgmma_tma;
+        s.pdl &= self.api.cuLaunchKernelEx.is_some();
         s
     }
 
@@ -578,6 +606,14 @@ impl GpuBackend {
         let k = self.kernels(&spec)?;
         // Stage 2 from the module of its own act dtype (the same module when it is the same).
         let k2 = self.kernels(&spec2)?;
+        // A kernel launched as a programmatic dependent must wait on its predecessor: only
+        // kernels compiled with PDL are, so both modules must agree.
+        if spec.pdl != spec2.pdl {
+            return Err(Error::internal(
+                "stage 1 and stage 2 modules disagree on programmatic dependent launch",
+            ));
+        }
+        let pdl = spec.pdl;
         let p = launch::params(l, plan, ws);
         let maps = if spec.wgmma_tma {
             let [w13, w2] = launch::tma_weights(l, &spec);
@@ -595,7 +631,8 @@ impl GpuBackend {
         let (act, act2) = (l.config.act_dtype, l.config.stage2_act_dtype);
         let rows = |n: usize| (n as u32, 1);
         let pairs = plan.m * plan.topk;
-        let gemm = |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, None, what);
+        let gemm =
+            |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, None, pdl, what);
         let shared = spec.dynamic_shared_bytes() as u32;
         let threads = spec.gemm_threads();
         // A persistent GEMM walks every (tile, column block) from one block per SM.
@@ -607,7 +644,17 @@ impl GpuBackend {
             }
         };
         let stage = |f, grid, map: Option<&tma::TensorMap>, what| {
-            self.launch(f, persistent(grid), threads, shared, stream, &p, map, what)
+            self.launch(
+                f,
+                persistent(grid),
+                threads,
+                shared,
+                stream,
+                &p,
+                map,
+                pdl,
+                what,
+            )
         };
         self.launch(
             k.route,
@@ -617,6 +664,7 @@ impl GpuBackend {
             stream,
             &p,
             None,
+            pdl,
             "moe_route",
         )?;
         // A static scale replaces the amax (quant_rows reads it).
@@ -767,6 +815,7 @@ fn default_spec() -> spec::KernelSpec {
         split_k: [8, 8],
         stream_bm: 16,
         stream_prefetch: spec::StreamPrefetch::Off,
+        pdl: false,
         wgmma_n: 128,
         wgmma_bm: 128,
         wgmma_blocks: 1,

@@ -182,6 +182,10 @@ pub struct KernelSpec {
     /// Stream family: weight prefetch into the L2 ahead of the register loads
     /// (`SW_PF`, `SW_PF_TILE`). Unused by the others.
     pub stream_prefetch: StreamPrefetch,
+    /// Stream family, sm_90: programmatic dependent launch (`PDL`): every kernel of the launch
+    /// may start while the previous one of the stream finishes, waits for its results
+    /// (`griddepcontrol.wait`) before its first access, then lets the next one start.
+    pub pdl: bool,
     /// Wgmma family: weight rows per warpgroup MMA (`WG_N`, 128 or 256) and sorted rows per
     /// tile (`BM`, 64 or 128). Unused by the others.
     pub wgmma_n: u32,
@@ -221,6 +225,7 @@ impl KernelSpec {
             split_k: [8, 8],
             stream_bm: 16,
             stream_prefetch: StreamPrefetch::Off,
+            pdl: false,
             wgmma_n: 128,
             wgmma_bm: 128,
             wgmma_blocks: 1,
@@ -406,6 +411,7 @@ impl KernelSpec {
             };
             d.push(format!("SW_PF={steps}"));
             d.push(format!("SW_PF_TILE={}", b(tile)));
+            d.push(format!("PDL={}", b(self.pdl)));
         }
         if self.family == Family::Wgmma {
             d.push(format!("WG_N={}", self.wgmma_n));
