@@ -480,6 +480,7 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 // floats order like their bits, so an unsigned atomicMax is a float max).
 template <int STAGE>
 __device__ void amax_rows(const Params& p) {
+  pdl_enter();
 #if ACT_Q == AD_FP8_PER_TENSOR
   __shared__ float red[THREADS];
   const u16* src;
@@ -523,6 +524,7 @@ __device__ __forceinline__ float group_scale(float amax) {
 // reduced within chunks of THREADS elements (THREADS % QG == 0, so no group straddles chunks).
 template <int STAGE>
 __device__ void quant_rows(const Params& p) {
+  pdl_enter();
 #if ACT_Q
   __shared__ float red[THREADS];
   const u16* src;
@@ -594,22 +596,11 @@ MP_KERNEL void __launch_bounds__(THREADS) moe_import1(Params p) {
 #endif
 }
 
-MP_KERNEL void __launch_bounds__(THREADS) moe_amax1(Params p) {
-  pdl_enter();
-  amax_rows<1>(p);
-}
-MP_KERNEL void __launch_bounds__(THREADS) moe_amax2(Params p) {
-  pdl_enter();
-  amax_rows<2>(p);
-}
-MP_KERNEL void __launch_bounds__(THREADS) moe_quant1(Params p) {
-  pdl_enter();
-  quant_rows<1>(p);
-}
-MP_KERNEL void __launch_bounds__(THREADS) moe_quant2(Params p) {
-  pdl_enter();
-  quant_rows<2>(p);
-}
+// amax_rows and quant_rows start with pdl_enter: each is its kernel's whole body.
+MP_KERNEL void __launch_bounds__(THREADS) moe_amax1(Params p) { amax_rows<1>(p); }
+MP_KERNEL void __launch_bounds__(THREADS) moe_amax2(Params p) { amax_rows<2>(p); }
+MP_KERNEL void __launch_bounds__(THREADS) moe_quant1(Params p) { quant_rows<1>(p); }
+MP_KERNEL void __launch_bounds__(THREADS) moe_quant2(Params p) { quant_rows<2>(p); }
 
 // ---- top-k reduction ---------------------------------------------------------------------
 

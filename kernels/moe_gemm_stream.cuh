@@ -77,10 +77,10 @@ __device__ __forceinline__ uint4 sw_load_stream(const u8* p) {
   return v;
 #endif
 }
-// L2 prefetch (MOEPLUG_STREAM_PREFETCH, spec::StreamPrefetch): the register loads one step
-// ahead are the only bytes in flight otherwise, ~32 KiB per SM, and they bind decode on the
-// H200 (taller tiles with half the warps ran 1.3-1.9x slower, bench/NOTES.md); a prefetch
-// holds no register. SW_PF > 0: each warp asks for the lines of its step SW_PF of its steps
+// L2 prefetch (MOEPLUG_STREAM_PREFETCH, spec::StreamPrefetch, off by default): bytes in
+// flight beyond the register loads one step ahead (~32 KiB per SM), holding no register. On
+// the H200 it moved decode by -4 to +5 % and the whole-tile form gained nothing (bench/NOTES.md,
+// session 7). SW_PF > 0: each warp asks for the lines of its step SW_PF of its steps
 // beyond the register loads (and MXFP4 its next step's activations into the L1). SW_PF_TILE:
 // the block asks once for every weight byte it reads.
 #if !defined(SW_PF) || !defined(SW_PF_TILE)

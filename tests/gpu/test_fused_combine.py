@@ -8,15 +8,14 @@ kernel. MOEPLUG_FUSED_COMBINE and MOEPLUG_GPU_FAMILY are read once per process, 
 setting runs in a fresh process (the `child` below)."""
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-HERE = Path(__file__).resolve().parent
+import _abi  # noqa: E402
+from test_fused_moe import assert_close, assert_replays_give, capture_graph, run_child, run_moe  # noqa: E402
+
 FORMATS = ["bf16", "fp16", "fp8_per_tensor", "fp8_per_channel", "fp8_block128", "mxfp4", "mxfp8",
            "int4_group32", "int4_per_channel"]
 MS = [1, 7, 64, 300]
@@ -52,10 +51,6 @@ def case_kwargs(fmt, M, option):
 def child(path):
     """One process: every case under this process's MOEPLUG_FUSED_COMBINE / MOEPLUG_GPU_FAMILY;
     outputs and the kernel names of one launch saved to `path`."""
-    sys.path.insert(0, str(HERE))
-    import _abi
-    from test_fused_moe import assert_close, run_moe
-
     fused = os.environ.get("MOEPLUG_FUSED_COMBINE") == "1"
     outs = {}
     for fmt in FORMATS:
@@ -71,46 +66,24 @@ def child(path):
                 outs[f"{fmt}-{M}-{option}"] = out.cpu()
     fmt, M, option = PROFILED
     out, _, st = run_moe(fmt, **case_kwargs(fmt, M, option))
-    t = st["tensors"]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         _abi.fused_moe(st["args"])
         torch.cuda.synchronize()
     kernels = sorted({e.key for e in prof.key_averages() if e.key.startswith("moe_")})
     # Graph replays: the route kernel zeroes the arrival counters in every replay.
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        args = _abi.make_args(st["layout"], t, **dict(st["kw"], stream=s.cuda_stream))
-        with torch.cuda.graph(graph, stream=s):
-            _abi.fused_moe(args)
-    torch.cuda.synchronize()
-    for _ in range(3):
-        t["output"].fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(t["output"], out), "a graph replay changed the output"
+    assert_replays_give(capture_graph(st), st, out)
     torch.save(dict(outs=outs, kernels=kernels), path)
 
 
-def run_child(path, fused, family):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MOEPLUG_FUSED_COMBINE", "MOEPLUG_GPU_FAMILY")}
-    env["MOEPLUG_FUSED_COMBINE"] = "1" if fused else "0"
-    if family:
-        env["MOEPLUG_GPU_FAMILY"] = family
-    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); "
-            f"import test_fused_combine as t; t.child({str(path)!r})")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    return torch.load(path)
+def run_fused_child(path, fused, family):
+    return run_child("test_fused_combine", path,
+                     {"MOEPLUG_FUSED_COMBINE": "1" if fused else "0", "MOEPLUG_GPU_FAMILY": family})
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f or "heuristics")
 def test_fused_combine_gives_moe_reduce_bits(tmp_path, family):
-    fused = run_child(tmp_path / "fused.pt", True, family)
-    unfused = run_child(tmp_path / "unfused.pt", False, family)
+    fused = run_fused_child(tmp_path / "fused.pt", True, family)
+    unfused = run_fused_child(tmp_path / "unfused.pt", False, family)
     assert fused["outs"].keys() == unfused["outs"].keys()
     differ = [k for k in fused["outs"] if not torch.equal(fused["outs"][k], unfused["outs"][k])]
     assert not differ, f"fused combine bits differ from moe_reduce: {differ}"

@@ -2,6 +2,11 @@
 to host, through the same C ABI) and against a float64 torch reference of the same math
 (moe_ref.py). Every masked capability of the CUDA backend is exercised here."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -82,6 +87,42 @@ def run_moe(fmt, *, wlayout="aiter_16x16", slayout=None, gate="separated", act="
                     expert_mask=mask, n_local=n_local, act_dtype=adt, act2_dtype=adt2)
     return out, ref, dict(m=m, args=args, tensors=tensors, layout=layout, kw=kw, act=adt_name,
                           fmt=fmt)
+
+
+def capture_graph(st):
+    """One fused_moe of run_moe's state `st`, captured in a CUDA graph on a side stream."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        args = _abi.make_args(st["layout"], st["tensors"], **dict(st["kw"], stream=s.cuda_stream))
+        with torch.cuda.graph(graph, stream=s):
+            _abi.fused_moe(args)
+    torch.cuda.synchronize()
+    return graph
+
+
+def assert_replays_give(graph, st, out, what=""):
+    """Three replays of `graph` over a poisoned output, each giving `out`'s bits."""
+    t = st["tensors"]
+    for _ in range(3):
+        t["output"].fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(t["output"], out), f"{what}a graph replay changed the output"
+
+
+def run_child(module, path, env):
+    """`module`.child(path) in a fresh interpreter (the library reads its MOEPLUG_* settings
+    once per process), with `env` over os.environ (None unsets); returns what it saved."""
+    here = str(Path(__file__).resolve().parent)
+    child_env = {k: v for k, v in os.environ.items() if k not in env}
+    child_env.update({k: v for k, v in env.items() if v is not None})
+    code = f"import sys; sys.path.insert(0, {here!r}); import {module} as t; t.child({str(path)!r})"
+    r = subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return torch.load(path)
 
 
 _host_weights = {}
@@ -407,15 +448,7 @@ def test_cuda_graph_capture_and_replay(fmt, act_dtype):
     out, ref, st = run_moe(fmt, M=64, k=4, bias=True, act="swiglu_oai", act_dtype=act_dtype)
     assert_close(out, ref, st=st)
     t = st["tensors"]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        kw = dict(st["kw"], stream=s.cuda_stream)
-        args = _abi.make_args(st["layout"], t, **kw)
-        with torch.cuda.graph(graph, stream=s):
-            _abi.fused_moe(args)
-    torch.cuda.synchronize()
+    graph = capture_graph(st)
     # New inputs in place, poisoned output, replay: the graph must compute the new answer.
     g = torch.Generator(device="cuda")
     g.manual_seed(77)

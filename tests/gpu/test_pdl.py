@@ -5,16 +5,13 @@ amax, quant, both stages, reduce or the fused combine), with the expert mask and
 columns, run after run and in CUDA graph replays. MOEPLUG_PDL is read once per process, so
 each setting runs in a fresh process (`child`)."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-HERE = Path(__file__).resolve().parent
+from test_fused_combine import OPTIONS, case_kwargs  # noqa: E402
+from test_fused_moe import assert_close, assert_replays_give, capture_graph, run_child, run_moe  # noqa: E402
+
 # bf16: route + stages; fp8 per tensor: the amax kernels; fp8 block-128: the 1x128 quant;
 # mxfp4: the MXFP4 decode.
 FORMATS = ["bf16", "fp8_per_tensor", "fp8_block128", "mxfp4"]
@@ -22,11 +19,6 @@ MS = [1, 7, 64]
 
 
 def child(path):
-    sys.path.insert(0, str(HERE))
-    import _abi
-    from test_fused_combine import OPTIONS, case_kwargs
-    from test_fused_moe import assert_close, run_moe
-
     outs = {}
     for fmt in FORMATS:
         for M in MS:
@@ -40,40 +32,20 @@ def child(path):
     # Graph replays of one launch: the dependencies captured as programmatic edges.
     for fmt in ("bf16", "fp8_block128"):
         out, _, st = run_moe(fmt, **case_kwargs(fmt, 7, "ep"))
-        t = st["tensors"]
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(s):
-            args = _abi.make_args(st["layout"], t, **dict(st["kw"], stream=s.cuda_stream))
-            with torch.cuda.graph(graph, stream=s):
-                _abi.fused_moe(args)
-        torch.cuda.synchronize()
-        for _ in range(3):
-            t["output"].fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(t["output"], out), f"{fmt}: a graph replay changed the output"
+        assert_replays_give(capture_graph(st), st, out, f"{fmt}: ")
     torch.save(outs, path)
 
 
-def run_child(path, pdl):
-    env = {k: v for k, v in os.environ.items() if k not in ("MOEPLUG_PDL", "MOEPLUG_GPU_FAMILY")}
-    env["MOEPLUG_PDL"] = "1" if pdl else "0"
-    env["MOEPLUG_GPU_FAMILY"] = "stream"
-    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); "
-            f"import test_pdl as t; t.child({str(path)!r})")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    return torch.load(path)
+def run_pdl_child(path, pdl):
+    return run_child("test_pdl", path,
+                     {"MOEPLUG_PDL": "1" if pdl else "0", "MOEPLUG_GPU_FAMILY": "stream"})
 
 
 def test_pdl_gives_the_plain_launch_bits(tmp_path):
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90 (the launches stay plain below)")
-    pdl = run_child(tmp_path / "pdl.pt", True)
-    plain = run_child(tmp_path / "plain.pt", False)
+    pdl = run_pdl_child(tmp_path / "pdl.pt", True)
+    plain = run_pdl_child(tmp_path / "plain.pt", False)
     assert pdl.keys() == plain.keys()
     differ = [k for k in pdl if not torch.equal(pdl[k], plain[k])]
     assert not differ, f"PDL bits differ from the plain launches: {differ}"

@@ -422,8 +422,9 @@ pub fn spec_for(
         }
         spec.stream_bm = STREAM_BM_PREFERENCE.unwrap_or(STREAM_TILE_ROWS[0]);
         let prefetch = STREAM_PREFETCH_PREFERENCE.unwrap_or(StreamPrefetch::Off);
-        spec.stream_prefetch = sm_version(arch).map_or(prefetch, |sm| prefetch.on(sm));
-        spec.pdl = *PDL_PREFERENCE && sm_version(arch).is_some_and(|sm| sm >= PDL_MIN_SM);
+        let sm = sm_version(arch);
+        spec.stream_prefetch = sm.map_or(prefetch, |sm| prefetch.on(sm));
+        spec.pdl = *PDL_PREFERENCE && sm.is_some_and(|sm| sm >= PDL_MIN_SM);
     }
     if family == Family::Wgmma {
         // Each step (the diagnostic shape, then TMA, then warp specialisation) is taken only

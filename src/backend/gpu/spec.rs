@@ -108,9 +108,10 @@ impl FromIterator<Family> for FamilySet {
     }
 }
 
-/// How the stream family keeps more weight bytes in flight than its registers hold: its
-/// register loads run one step ahead, which on the H200 keeps ~32 KiB in flight per SM and
-/// binds decode (bench/NOTES.md, session 6); an L2 prefetch costs no registers.
+/// How the stream family asks for weight bytes beyond its register loads (one step ahead,
+/// ~32 KiB in flight per SM) without registers: an L2 prefetch. Measured on the H200
+/// (bench/NOTES.md, session 7): 2 steps moved decode by -4 to +5 %, `Tile` gained nothing, so
+/// bytes in flight are not what binds the family; off by default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StreamPrefetch {
     /// None: the register loads alone.
