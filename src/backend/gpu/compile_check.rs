@@ -65,7 +65,8 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 split_k: [[8, 4, 2, 1][n % 4], [8, 4, 2, 1][(n / 4) % 4]],
                                 stream_bm: STREAM_TILE_ROWS[0], // the default; 32 below
                                 stream_prefetch: StreamPrefetch::Off, // the default; others below
-                                pdl: false,                     // the default; sm_90 below
+                                stream_prefetch_w2: false,      // the default; on below
+                                pdl: false,                     // sm_90's default below
                                 // both tile heights and widths meet every format
                                 wgmma_n: [128, 256][chosen % 2],
                                 wgmma_bm: [128, 64][(chosen / 2) % 2],
@@ -96,6 +97,17 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                             }
                             if !keep(&spec) && spec.wgmma_ws {
                                 spec.wgmma_ws = false; // the producer starts TMA copies
+                            }
+                            if family == Family::Stream {
+                                // programmatic dependent launch where the arch has it (the
+                                // default on sm_90)
+                                let pdl = KernelSpec {
+                                    pdl: true,
+                                    ..spec.clone()
+                                };
+                                if keep(&pdl) {
+                                    spec = pdl;
+                                }
                             }
                             if keep(&spec) {
                                 // MOEPLUG_FUSED_COMBINE=0 brings back moe_reduce: that variant
@@ -137,15 +149,24 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(prefetched);
-                                // MOEPLUG_PDL=1 (opt-in, sm_90 only): every fourth stream
-                                // configuration as a programmatic dependent launch.
-                                let pdl = (family == Family::Stream && chosen % 4 == 3)
+                                // MOEPLUG_STREAM_PREFETCH_W2=1: every third stream
+                                // configuration.
+                                let w2_ahead = (family == Family::Stream && chosen % 3 == 1)
                                     .then(|| KernelSpec {
-                                        pdl: true,
+                                        stream_prefetch_w2: true,
                                         ..spec.clone()
                                     })
                                     .filter(&keep);
-                                out.extend(pdl);
+                                out.extend(w2_ahead);
+                                // MOEPLUG_PDL=0 (sm_90's plain launches): every fourth
+                                // stream configuration.
+                                let plain = (spec.pdl && chosen % 4 == 3)
+                                    .then(|| KernelSpec {
+                                        pdl: false,
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(plain);
                                 // GELU_TANH differs from GELU in the epilogue's one call:
                                 // it is compiled wherever GELU is.
                                 let tanh =

@@ -83,10 +83,16 @@ static STREAM_PREFETCH_PREFERENCE: Lazy<Option<StreamPrefetch>> = Lazy::new(|| {
         .and_then(|v| StreamPrefetch::parse(&v))
 });
 
-/// `MOEPLUG_PDL=1`: programmatic dependent launch for the stream family on sm_90 (an A/B
-/// switch until the H200 measures it; off by default).
+/// `MOEPLUG_STREAM_PREFETCH_W2=0|1`: stage 1 of the stream family asks the L2 for stage 2's
+/// weights when those of every touched expert fit (an A/B switch; off by default).
+static STREAM_PREFETCH_W2_PREFERENCE: Lazy<bool> =
+    Lazy::new(|| std::env::var("MOEPLUG_STREAM_PREFETCH_W2").is_ok_and(|v| v.trim() == "1"));
+
+/// `MOEPLUG_PDL=0`: plain launches for the stream family on sm_90 (an A/B switch). On by
+/// default: the H200 measured 2-8 % less time at M = 1 and no loss at M = 8 and 64, every
+/// difference above the spread of three interleaved rounds (bench/NOTES.md, session 8).
 static PDL_PREFERENCE: Lazy<bool> =
-    Lazy::new(|| std::env::var("MOEPLUG_PDL").is_ok_and(|v| v.trim() == "1"));
+    Lazy::new(|| !std::env::var("MOEPLUG_PDL").is_ok_and(|v| v.trim() == "0"));
 
 /// `MOEPLUG_FUSED_COMBINE=0|1`: a diagnostic switch of the fused top-k combine (A/B on a
 /// device); 1, like unset, fuses it where the family covers it, 0 launches `moe_reduce`.
@@ -424,6 +430,7 @@ pub fn spec_for(
         let prefetch = STREAM_PREFETCH_PREFERENCE.unwrap_or(StreamPrefetch::Off);
         let sm = sm_version(arch);
         spec.stream_prefetch = sm.map_or(prefetch, |sm| prefetch.on(sm));
+        spec.stream_prefetch_w2 = *STREAM_PREFETCH_W2_PREFERENCE;
         spec.pdl = *PDL_PREFERENCE && sm.is_some_and(|sm| sm >= PDL_MIN_SM);
     }
     if family == Family::Wgmma {
@@ -572,6 +579,17 @@ mod tests {
         assert!(pdl
             .iter()
             .all(|s| s.defines().contains(&"PDL=1".to_string())));
+        // the default on sm_90, and MOEPLUG_PDL=0's plain launches
+        let stream90 = |s: &KernelSpec| s.family == Family::Stream;
+        let plain = selectable_specs(90)
+            .into_iter()
+            .filter(|s| stream90(s) && !s.pdl)
+            .count();
+        assert!(
+            plain > 0 && plain < pdl.len(),
+            "{plain} plain, {} PDL",
+            pdl.len()
+        );
         for sm in [80, 89] {
             assert!(!selectable_specs(sm).iter().any(|s| s.pdl), "sm_{sm}");
             assert_eq!(
