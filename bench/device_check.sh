@@ -25,7 +25,7 @@ if [ "$what" != kit ] && [ "${SUITE_JOBS:-1}" -gt 1 ]; then
   echo "suite: $total tests in $SUITE_JOBS processes"
   for g in $(seq 0 $((SUITE_JOBS - 1))); do
     grep -E "^(FAILED|ERROR) " $OUT/suite_$g.log | head -10
-    echo "  process $g: $(grep -E "[0-9]+ (passed|failed|skipped|errors?) .*in [0-9.]+s" $OUT/suite_$g.log | tail -1)"
+    echo "  process $g: $(grep -E "[0-9]+ (passed|failed|skipped|errors?)\b.* in [0-9.]+s" $OUT/suite_$g.log | tail -1)"
   done
 elif [ "$what" != kit ]; then
   timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/gpu ${SUITE_ARGS:-} 2>&1 \

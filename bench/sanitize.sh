@@ -12,8 +12,9 @@
 #   SHARD=i[,j...]/n    which shards of how many (default 1/1; n sets the shard size)
 #   SAN_SELECT=ERE      node ids to run, as an extended regex over `pytest --collect-only`
 #                       ids (default: all for memcheck, a subset for racecheck/initcheck below)
-#   SAN_KERNELS=filter  --kernel-name filter (default regex=^(moe|prep)_: only our kernels are
-#                       instrumented, torch's run unchecked at full speed); empty = every kernel
+#   SAN_KERNELS=filter  --kernel-name filter (memcheck and racecheck default regex=^(moe|prep)_:
+#                       only our kernels are instrumented, torch's run unchecked at full speed);
+#                       empty = every kernel, initcheck's default (below)
 #   SAN_TIMEOUT=s       per shard (default 540: one 600 s call)
 #   SAN_JOBS=k          shards run at once (default 1), each its own sanitizer and pytest
 #   SAN_PRINT_LIMIT=n   reports printed per process (default 20)
@@ -49,7 +50,11 @@ SUBSET='test_fused_moe\.py::(test_deterministic|test_cuda_graph|test_formats_x_a
 SUBSET+='|test_prep_device\.py::(test_prepare_moe|test_quantize_mx|test_side_stream)'
 SUBSET+='|test_launch_fields\.py::test_gelu_tanh|test_bad_device_ptrs\.py'
 if [ "$tool" = memcheck ]; then select=${SAN_SELECT:-.}; else select=${SAN_SELECT:-$SUBSET}; fi
-kernels=${SAN_KERNELS-'regex=^(moe|prep)_'}
+# initcheck learns which bytes are initialized from the writes it sees: a buffer that torch's
+# (uninstrumented) randn or cast kernels wrote reads as uninitialized in our kernels. Under the
+# filter it reported every input of the first fused_moe (moe_route's topk ids, moe_stage1's
+# weight packs, session 8), so it instruments every kernel unless told otherwise.
+if [ "$tool" = initcheck ]; then kernels=${SAN_KERNELS-}; else kernels=${SAN_KERNELS-'regex=^(moe|prep)_'}; fi
 
 san=(compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit "${SAN_PRINT_LIMIT:-20}"
   --target-processes all)

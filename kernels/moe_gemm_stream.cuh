@@ -117,41 +117,6 @@ __device__ __forceinline__ void sw_prefetch_bulk(const u8* p, u32 bytes) {
 #endif
 }
 
-// SW_PF_W2 (spec::KernelSpec::stream_prefetch_w2): stage 1's blocks, once their own reads
-// are done, ask the L2 for the stage-2 weights of their expert, when those of every touched
-// expert fit in SW_PF_W2_MAX_BYTES (decode: at M = 1 stage 2 would otherwise start its
-// reads from HBM after a kernel boundary, while stage 1's tail leaves HBM half idle).
-#ifndef SW_PF_W2
-#error "SW_PF_W2: the stream family's stage-2 weight prefetch (spec::KernelSpec)"
-#endif
-#define SW_PF_W2_MAX_BYTES (32ll << 20)  // well inside the H200's 50 MB L2
-// A line stage 2 will read, into the L2, asked for by stage 1.
-__device__ __forceinline__ void sw_prefetch_line_for_stage2(const u8* p) {
-#ifdef MP_HOST
-  emu_note_prefetch_for_stage2(p);
-#else
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#endif
-}
-// Block (tile, y) of stage 1 asks for slice y of the stage-2 weights of its tile's expert (on
-// the expert's first tile only): the packs stage 2 reads (K up to I) of its rows up to H
-// rounded to the 16-row tile, which every stage-2 grid reads whole.
-__device__ void sw_prefetch_stage2_weights(const Params& p) {
-  int tile = blockIdx.x, tiles = *(const int*)p.total_tiles;
-  if (tile >= tiles) return;
-  const int* tile_expert = (const int*)p.tile_expert;
-  int e = tile_expert[tile];
-  if (tile > 0 && tile_expert[tile - 1] == e) return;
-  i64 kbytes = (i64)p.Ip * 16 / SW_VALS;  // bytes per stored w2 row
-  i64 row_tiles = (p.H + 15) / 16, tile_lines = (i64)(p.I / SW_VALS) * 2;  // 128-byte lines
-  if (tiles * row_tiles * tile_lines * 128 > SW_PF_W2_MAX_BYTES) return;
-  const u8* W = (const u8*)p.w2 + (i64)e * p.Hp * kbytes;
-  i64 lines = row_tiles * tile_lines, per = (lines + gridDim.y - 1) / gridDim.y;
-  i64 end = (blockIdx.y + 1) * per < lines ? (blockIdx.y + 1) * per : lines;
-  for (i64 l = blockIdx.y * per + threadIdx.x; l < end; l += THREADS)
-    sw_prefetch_line_for_stage2(W + (l / tile_lines) * 16 * kbytes + (l % tile_lines) * 128);
-}
-
 __device__ __forceinline__ u32 sw_word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant
 }
@@ -567,9 +532,6 @@ __device__ void moe_gemm_stream(const Params& p) {
 MP_KERNEL void __launch_bounds__(THREADS, SW_MIN_BLOCKS) moe_stage1(Params p) {
   pdl_enter();
   moe_gemm_stream<true>(p);
-#if SW_PF_W2
-  sw_prefetch_stage2_weights(p);
-#endif
 }
 MP_KERNEL void __launch_bounds__(THREADS, SW_MIN_BLOCKS) moe_stage2(Params p) {
   pdl_enter();

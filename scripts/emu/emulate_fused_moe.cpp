@@ -8,7 +8,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <mutex>
 #include <set>
@@ -27,9 +26,6 @@ int emu_block_count;
 using EmuLine = std::tuple<unsigned, unsigned, int, uintptr_t>;  // block x, y, warp or -1, line
 static std::mutex emu_lines_mutex;
 static std::set<EmuLine> emu_prefetched, emu_loaded;
-// Lines stage 1 asked for on behalf of stage 2 (SW_PF_W2), and every line a stage loaded:
-// stage 2 must read each of the former.
-static std::set<uintptr_t> emu_prefetched_for_stage2, emu_loaded_by_stage;
 void emu_note_prefetch_line(const void* p) {
   std::lock_guard<std::mutex> g(emu_lines_mutex);
   emu_prefetched.insert({blockIdx.x, blockIdx.y, (int)(threadIdx.x / EMU_LANES), (uintptr_t)p >> 7});
@@ -39,13 +35,8 @@ void emu_note_prefetch_range(const void* p, unsigned long bytes) {
   for (uintptr_t a = (uintptr_t)p; a < (uintptr_t)p + bytes; a += 16)
     emu_prefetched.insert({blockIdx.x, blockIdx.y, -1, a >> 7});
 }
-void emu_note_prefetch_for_stage2(const void* p) {
-  std::lock_guard<std::mutex> g(emu_lines_mutex);
-  emu_prefetched_for_stage2.insert((uintptr_t)p >> 7);
-}
 void emu_note_stream_load(const void* p) {
   std::lock_guard<std::mutex> g(emu_lines_mutex);
-  emu_loaded_by_stage.insert((uintptr_t)p >> 7);
   int warp = (int)(threadIdx.x / EMU_LANES);
   emu_loaded.insert({blockIdx.x, blockIdx.y, warp, (uintptr_t)p >> 7});
   emu_loaded.insert({blockIdx.x, blockIdx.y, -1, (uintptr_t)p >> 7});
@@ -60,15 +51,6 @@ static void check_prefetch(const char* stage) {
   if (unread) exit(3);
   emu_prefetched.clear();
   emu_loaded.clear();
-  if (strcmp(stage, "stage 2") == 0 && !emu_prefetched_for_stage2.empty()) {
-    size_t unread2 = 0;
-    for (uintptr_t l : emu_prefetched_for_stage2) unread2 += !emu_loaded_by_stage.count(l);
-    fprintf(stderr, "emulate_fused_moe: stage 1 asked for %zu lines of stage 2's weights, %zu "
-            "of them never read by stage 2\n", emu_prefetched_for_stage2.size(), unread2);
-    if (unread2) exit(3);
-    emu_prefetched_for_stage2.clear();
-  }
-  emu_loaded_by_stage.clear();
 }
 #ifdef EMU_CUDA
 EmuWarp emu_warps[EMU_MAX_GROUPS];

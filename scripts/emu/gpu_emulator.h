@@ -48,7 +48,6 @@ extern std::barrier<>* emu_group_barrier[EMU_MAX_GROUPS];
 // only cost bandwidth, silently).
 void emu_note_prefetch_line(const void* p);
 void emu_note_prefetch_range(const void* p, unsigned long bytes);
-void emu_note_prefetch_for_stage2(const void* p);
 void emu_note_stream_load(const void* p);
 
 static inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }

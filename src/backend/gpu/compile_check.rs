@@ -65,7 +65,6 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 split_k: [[8, 4, 2, 1][n % 4], [8, 4, 2, 1][(n / 4) % 4]],
                                 stream_bm: STREAM_TILE_ROWS[0], // the default; 32 below
                                 stream_prefetch: StreamPrefetch::Off, // the default; others below
-                                stream_prefetch_w2: false,      // the default; on below
                                 pdl: false,                     // sm_90's default below
                                 // both tile heights and widths meet every format
                                 wgmma_n: [128, 256][chosen % 2],
@@ -149,15 +148,6 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(prefetched);
-                                // MOEPLUG_STREAM_PREFETCH_W2=1: every third stream
-                                // configuration.
-                                let w2_ahead = (family == Family::Stream && chosen % 3 == 1)
-                                    .then(|| KernelSpec {
-                                        stream_prefetch_w2: true,
-                                        ..spec.clone()
-                                    })
-                                    .filter(&keep);
-                                out.extend(w2_ahead);
                                 // MOEPLUG_PDL=0 (sm_90's plain launches): every fourth
                                 // stream configuration.
                                 let plain = (spec.pdl && chosen % 4 == 3)

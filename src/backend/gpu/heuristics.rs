@@ -83,11 +83,6 @@ static STREAM_PREFETCH_PREFERENCE: Lazy<Option<StreamPrefetch>> = Lazy::new(|| {
         .and_then(|v| StreamPrefetch::parse(&v))
 });
 
-/// `MOEPLUG_STREAM_PREFETCH_W2=0|1`: stage 1 of the stream family asks the L2 for stage 2's
-/// weights when those of every touched expert fit (an A/B switch; off by default).
-static STREAM_PREFETCH_W2_PREFERENCE: Lazy<bool> =
-    Lazy::new(|| std::env::var("MOEPLUG_STREAM_PREFETCH_W2").is_ok_and(|v| v.trim() == "1"));
-
 /// `MOEPLUG_PDL=0`: plain launches for the stream family on sm_90 (an A/B switch). On by
 /// default: the H200 measured 2-8 % less time at M = 1 and no loss at M = 8 and 64, every
 /// difference above the spread of three interleaved rounds (bench/NOTES.md, session 8).
@@ -430,7 +425,6 @@ pub fn spec_for(
         let prefetch = STREAM_PREFETCH_PREFERENCE.unwrap_or(StreamPrefetch::Off);
         let sm = sm_version(arch);
         spec.stream_prefetch = sm.map_or(prefetch, |sm| prefetch.on(sm));
-        spec.stream_prefetch_w2 = *STREAM_PREFETCH_W2_PREFERENCE;
         spec.pdl = *PDL_PREFERENCE && sm.is_some_and(|sm| sm >= PDL_MIN_SM);
     }
     if family == Family::Wgmma {

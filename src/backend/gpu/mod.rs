@@ -810,7 +810,6 @@ fn default_spec() -> spec::KernelSpec {
         split_k: [8, 8],
         stream_bm: 16,
         stream_prefetch: spec::StreamPrefetch::Off,
-        stream_prefetch_w2: false,
         pdl: false,
         wgmma_n: 128,
         wgmma_bm: 128,

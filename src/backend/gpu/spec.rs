@@ -183,9 +183,6 @@ pub struct KernelSpec {
     /// Stream family: weight prefetch into the L2 ahead of the register loads
     /// (`SW_PF`, `SW_PF_TILE`). Unused by the others.
     pub stream_prefetch: StreamPrefetch,
-    /// Stream family: stage 1's blocks ask the L2 for stage 2's weights of their expert when
-    /// every touched expert's fit (`SW_PF_W2`). Unused by the others.
-    pub stream_prefetch_w2: bool,
     /// Stream family, sm_90: programmatic dependent launch (`PDL`): every kernel of the launch
     /// may start while the previous one of the stream finishes, waits for its results
     /// (`griddepcontrol.wait`) before its first access, then lets the next one start.
@@ -229,7 +226,6 @@ impl KernelSpec {
             split_k: [8, 8],
             stream_bm: 16,
             stream_prefetch: StreamPrefetch::Off,
-            stream_prefetch_w2: false,
             pdl: false,
             wgmma_n: 128,
             wgmma_bm: 128,
@@ -416,7 +412,6 @@ impl KernelSpec {
             };
             d.push(format!("SW_PF={steps}"));
             d.push(format!("SW_PF_TILE={}", b(tile)));
-            d.push(format!("SW_PF_W2={}", b(self.stream_prefetch_w2)));
             d.push(format!("PDL={}", b(self.pdl)));
         }
         if self.family == Family::Wgmma {
