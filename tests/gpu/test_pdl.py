@@ -1,8 +1,8 @@
 """Programmatic dependent launch (the stream family's default on sm_90, MOEPLUG_PDL=0 turns it
 off: every kernel of a launch may start while the previous one finishes and waits on it with
-griddepcontrol): the same bits as the plain launches for formats that run every kernel of the module (route,
-amax, quant, both stages, reduce or the fused combine), with the expert mask and padded
-columns, run after run and in CUDA graph replays. MOEPLUG_PDL is read once per process, so
+griddepcontrol): the same bits as the plain launches for formats that run every kernel of the
+module (route, amax, quant, both stages, reduce or the fused combine), with the expert mask and
+padded columns, run after run and in CUDA graph replays. MOEPLUG_PDL is read once per process, so
 each setting runs in a fresh process (`child`)."""
 
 import pytest

@@ -574,10 +574,9 @@ mod tests {
             .iter()
             .all(|s| s.defines().contains(&"PDL=1".to_string())));
         // the default on sm_90, and MOEPLUG_PDL=0's plain launches
-        let stream90 = |s: &KernelSpec| s.family == Family::Stream;
         let plain = selectable_specs(90)
             .into_iter()
-            .filter(|s| stream90(s) && !s.pdl)
+            .filter(|s| s.family == Family::Stream && !s.pdl)
             .count();
         assert!(
             plain > 0 && plain < pdl.len(),
