@@ -97,17 +97,13 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                             if !keep(&spec) && spec.wgmma_ws {
                                 spec.wgmma_ws = false; // the producer starts TMA copies
                             }
-                            if family == Family::Stream {
-                                // programmatic dependent launch where the arch has it (the
-                                // default on sm_90)
-                                let pdl = KernelSpec {
+                            // programmatic dependent launch where the arch has it (the
+                            // stream family's default on sm_90)
+                            spec.pdl = family == Family::Stream
+                                && keep(&KernelSpec {
                                     pdl: true,
                                     ..spec.clone()
-                                };
-                                if keep(&pdl) {
-                                    spec = pdl;
-                                }
-                            }
+                                });
                             if keep(&spec) {
                                 // MOEPLUG_FUSED_COMBINE=0 brings back moe_reduce: that variant
                                 // of every 16th configuration.
