@@ -2,10 +2,11 @@
 # One GPU-machine call: the GPU suite (default heuristics), then the peer kit. Logs to $OUT.
 #   bash bench/device_check.sh [suite|kit|both] [extra kit args...]
 # Env: SUITE_ARGS (pytest args), SUITE_FAMILY (MOEPLUG_GPU_FAMILY for a second suite pass),
-# SUITE_JOBS (pytest processes at once, default 1), SUITE_TIMEOUT / KIT_TIMEOUT (s).
+# SUITE_JOBS (pytest processes at once, default 1), SUITE_TIMEOUT / KIT_TIMEOUT (s),
+# MOEPLUG_LIBRARY (the library under test, default target/release/libmoeplug.so).
 set -uo pipefail
 what=${1:-both}; shift || true
-export MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so PYTHONUNBUFFERED=1
+export MOEPLUG_LIBRARY=${MOEPLUG_LIBRARY:-$PWD/target/release/libmoeplug.so} PYTHONUNBUFFERED=1
 export MOEPLUG_CACHE_DIR=/tmp/moeplug-cache
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 if [ "$what" != kit ] && [ "${SUITE_JOBS:-1}" -gt 1 ]; then
@@ -36,7 +37,7 @@ elif [ "$what" != kit ]; then
   fi
 fi
 if [ "$what" != suite ]; then
-  timeout ${KIT_TIMEOUT:-400} python3 .peers/bench_peer.py --moeplug-lib target/release/libmoeplug.so \
+  timeout ${KIT_TIMEOUT:-400} python3 .peers/bench_peer.py --moeplug-lib "$MOEPLUG_LIBRARY" \
     --moeplug-python python --budget-s $(( ${KIT_TIMEOUT:-400} - 40 )) --json-out $OUT/peerbench.json "$@" \
     2>&1 | tee $OUT/peerbench.log | sed -n '/^summary/,$p'
 fi
