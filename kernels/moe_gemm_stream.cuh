@@ -146,7 +146,14 @@ __device__ __forceinline__ int sw_tile_row0(const Params& p, int g, int t) {
   return g * 32 + 16 * t;
 }
 
+// A compile-time bool as a value (a generic lambda's case argument).
+template <bool B>
+struct sw_bool {
+  static constexpr bool value = B;
+};
+
 // Stage 1 (S1) or stage 2; GATED: stage 1 of a gated activation (gate and up tiles).
+
 template <bool S1>
 __device__ void moe_gemm_stream(const Params& p) {
   constexpr bool GATED = S1 && GATED_ACT;
@@ -253,221 +260,236 @@ __device__ void moe_gemm_stream(const Params& p) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[t][j][c] = 0.0f;
 
-  // What one step of this lane reads, loaded one step ahead: weight packs (tile t, row
-  // gid + 8 h) and, except for MXFP4, the activation pack of each column tile.
-  struct StepLoads {
-    uint4 w[2][2];
+  // The K loop in two copies, chosen once per block: ONE, the tile holds at most 8 tokens
+  // (decode's usual case), so the second column tile's MMAs, permutes and loads are not
+  // compiled in, instead of issuing predicated off (fp8 block-128: 342 -> 179 instructions per
+  // step). The loop is bound by instruction issue at M <= 64 (bench/NOTES.md, session 9: 3-8 %
+  // faster). A third copy without MXFP4's second scale multiply cost more than it saved: its
+  // choice needs a scan of the scales before the first weight load.
+  const int nsub_block = nsub;
+  auto k_loop = [&](auto one_case) {
+    constexpr bool ONE = decltype(one_case)::value;
+    const int nsub = ONE ? 1 : nsub_block;
+    // What one step of this lane reads, loaded one step ahead: weight packs (tile t, row
+    // gid + 8 h) and, except for MXFP4, the activation pack of each column tile.
+    struct StepLoads {
+      uint4 w[2][2];
 #if SW_XPACKS == 1
-    uint4 x[SW_SUBS];
+      uint4 x[SW_SUBS];
 #endif
-  };
-  auto load = [&](int st, StepLoads& l) {
-    int c = st * 4 + tig;
-    bool live = c < nchunks;
+    };
+    auto load = [&](int st, StepLoads& l) {
+      int c = st * 4 + tig;
+      bool live = c < nchunks;
 #pragma unroll
-    for (int t = 0; t < 2; ++t)
+      for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const u8* a = wrow[t][h] + (i64)c * 256;
-        l.w[t][h] = live && tile_ok[t] ? sw_load_stream(a) : make_uint4(0u, 0u, 0u, 0u);
+        for (int h = 0; h < 2; ++h) {
+          const u8* a = wrow[t][h] + (i64)c * 256;
+          l.w[t][h] = live && tile_ok[t] ? sw_load_stream(a) : make_uint4(0u, 0u, 0u, 0u);
 #if SW_PF > 0
-        if (c + 4 * SW_PF * KW < nchunks && tile_ok[t]) sw_prefetch_line(a + SW_PF * KW * 1024);
+          if (c + 4 * SW_PF * KW < nchunks && tile_ok[t]) sw_prefetch_line(a + SW_PF * KW * 1024);
 #endif
-      }
+        }
 #if SW_XPACKS == 1
 #pragma unroll
-    for (int j = 0; j < SW_SUBS; ++j)
-      l.x[j] = live && j < nsub && xrow[j] ? *(const uint4*)(xrow[j] + (i64)c * 16)
-                                           : make_uint4(0u, 0u, 0u, 0u);
+      for (int j = 0; j < SW_SUBS; ++j)
+        l.x[j] = live && j < nsub && xrow[j] ? *(const uint4*)(xrow[j] + (i64)c * 16)
+                                             : make_uint4(0u, 0u, 0u, 0u);
 #elif SW_PF > 0
-    // MXFP4's activations stay out of the registers until their step: their line into the
-    // L1 now, a step ahead (lanes tig, tig ^ 1 share one 128-byte line).
+      // MXFP4's activations stay out of the registers until their step: their line into the
+      // L1 now, a step ahead (lanes tig, tig ^ 1 share one 128-byte line).
 #pragma unroll
-    for (int j = 0; j < SW_SUBS; ++j)
-      if (live && j < nsub && xrow[j]) sw_prefetch_line_l1(xrow[j] + (i64)c * 64);
+      for (int j = 0; j < SW_SUBS; ++j)
+        if (live && j < nsub && xrow[j]) sw_prefetch_line_l1(xrow[j] + (i64)c * 64);
 #endif
-  };
-  // Scales of a step, one step ahead in registers: MXFP4's e8m0 bytes of the lane's 4 rows;
-  // fp8's block-128 weight scale per tile and 1x128 activation scales of the C columns.
-  struct StepScales {
-    u32 mx[2][2];
-    float ws[2], as[SW_SUBS][2];
-  };
-  StepScales scur, snext;
-  auto scales = [&](int st, StepScales& sc) {
-    int c = st * 4 + tig;
-    bool live = st < nsteps && c < nchunks;
+    };
+    // Scales of a step, one step ahead in registers: MXFP4's e8m0 bytes of the lane's 4 rows;
+    // fp8's block-128 weight scale per tile and 1x128 activation scales of the C columns.
+    struct StepScales {
+      u32 mx[2][2];
+      float ws[2], as[SW_SUBS][2];
+    };
+    StepScales scur, snext;
+    auto scales = [&](int st, StepScales& sc) {
+      int c = st * 4 + tig;
+      bool live = st < nsteps && c < nchunks;
 #if WFMT == WF_MXFP4
 #pragma unroll
-    for (int t = 0; t < 2; ++t)
+      for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        sc.mx[t][h] = live && tile_ok[t]
-                          ? (u32)S[mx_scale_offset(e, row0[t] + gid + 8 * h, Nst, c, Kst / 32)]
-                          : 127u;
+        for (int h = 0; h < 2; ++h)
+          sc.mx[t][h] = live && tile_ok[t]
+                            ? (u32)S[mx_scale_offset(e, row0[t] + gid + 8 * h, Nst, c, Kst / 32)]
+                            : 127u;
 #endif
 #if SW_FOLD
-    // A step's 64 columns lie in one 128 block of K (the warp's 4 packs of 16).
-    int kblk = (st * SW_KSTEP) >> 7;
-    bool in = st < nsteps;
+      // A step's 64 columns lie in one 128 block of K (the warp's 4 packs of 16).
+      int kblk = (st * SW_KSTEP) >> 7;
+      bool in = st < nsteps;
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
+      for (int t = 0; t < 2; ++t) {
 #if WFMT == WF_FP8_BLOCK128
-      int nb = (Nst + 127) >> 7, kbn = (Kst + 127) >> 7;
-      sc.ws[t] = in && tile_ok[t] ? ((const float*)S)[((i64)e * nb + (row0[t] >> 7)) * kbn + kblk]
-                                  : 0.0f;
+        int nb = (Nst + 127) >> 7, kbn = (Kst + 127) >> 7;
+        sc.ws[t] = in && tile_ok[t] ? ((const float*)S)[((i64)e * nb + (row0[t] >> 7)) * kbn + kblk]
+                                    : 0.0f;
 #else
-      sc.ws[t] = 1.0f;
-#endif
-    }
-#pragma unroll
-    for (int j = 0; j < SW_SUBS; ++j)
-#pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-#if ACT_Q == AD_FP8_BLOCK128
-        sc.as[j][cc] = in && ascale[j][cc] ? ascale[j][cc][kblk] : 0.0f;
-#else
-        sc.as[j][cc] = 1.0f;
+        sc.ws[t] = 1.0f;
 #endif
       }
-#endif
-    (void)live;
-  };
-
-  StepLoads cur, nxt;
-  if (kw < nsteps) load(kw, cur);
-#if !SW_FOLD
-  scales(kw, scur);
-#endif
-  for (int st = kw; st < nsteps; st += KW) {
-    if (st + KW < nsteps) load(st + KW, nxt);
-#if SW_FOLD
-    scales(st, scur);  // fp8 block scales: loaded in the step (registers for two sets spill)
-#else
-    scales(st + KW, snext);
-#endif
-    int c = st * 4 + tig;
-    bool live = c < nchunks;
-    const uint4(&wcur)[2][2] = cur.w;
-    (void)live;
-
-#if SW_FP8
-    // Activation codes: 16 per lane and column tile, the same k as the weight pack.
-    uint4 xb[SW_SUBS];
-#pragma unroll
-    for (int j = 0; j < SW_SUBS; ++j)
-      xb[j] = cur.x[j];
-#if SW_FOLD
-    float part[2][SW_SUBS][4];
-#pragma unroll
-    for (int t = 0; t < 2; ++t)
 #pragma unroll
       for (int j = 0; j < SW_SUBS; ++j)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) part[t][j][q] = 0.0f;
+        for (int cc = 0; cc < 2; ++cc) {
+#if ACT_Q == AD_FP8_BLOCK128
+          sc.as[j][cc] = in && ascale[j][cc] ? ascale[j][cc][kblk] : 0.0f;
+#else
+          sc.as[j][cc] = 1.0f;
+#endif
+        }
+#endif
+      (void)live;
+    };
+
+    StepLoads cur, nxt;
+    if (kw < nsteps) load(kw, cur);
+#if !SW_FOLD
+    scales(kw, scur);
+#endif
+    for (int st = kw; st < nsteps; st += KW) {
+      if (st + KW < nsteps) load(st + KW, nxt);
+#if SW_FOLD
+      scales(st, scur);  // fp8 block scales: loaded in the step (registers for two sets spill)
+#else
+      scales(st + KW, snext);
+#endif
+      int c = st * 4 + tig;
+      bool live = c < nchunks;
+      const uint4(&wcur)[2][2] = cur.w;
+      (void)live;
+
+#if SW_FP8
+      // Activation codes: 16 per lane and column tile, the same k as the weight pack.
+      uint4 xb[SW_SUBS];
+#pragma unroll
+      for (int j = 0; j < SW_SUBS; ++j)
+        xb[j] = cur.x[j];
+#if SW_FOLD
+      float part[2][SW_SUBS][4];
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int j = 0; j < SW_SUBS; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) part[t][j][q] = 0.0f;
 #define SW_ACC part
 #else
 #define SW_ACC acc
 #endif
 #pragma unroll
-    for (int s = 0; s < 2; ++s)
-#pragma unroll
-      for (int j = 0; j < SW_SUBS; ++j) {
-        if (j >= nsub) continue;
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-          sw_mma(SW_ACC[t][j], sw_word(wcur[t][0], 2 * s), sw_word(wcur[t][1], 2 * s),
-                 sw_word(wcur[t][0], 2 * s + 1), sw_word(wcur[t][1], 2 * s + 1),
-                 sw_word(xb[j], 2 * s), sw_word(xb[j], 2 * s + 1));
-      }
-#undef SW_ACC
-#if SW_FOLD
-    {
-#pragma unroll
-      for (int j = 0; j < SW_SUBS; ++j) {
-        if (j >= nsub) continue;
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-          for (int q = 0; q < 4; ++q)
-            acc[t][j][q] = fmaf(part[t][j][q], scur.ws[t] * scur.as[j][q & 1], acc[t][j][q]);
-      }
-    }
-#endif
-#elif WFMT == WF_MXFP4
-    // 32 codes per lane and row; the activations of the same 32 k, paired as the codes are
-    // (k, k + 4) within each 8.
-    u32 f1[2][2], f2[2][2];
-    bool twice = false;
-#pragma unroll
-    for (int t = 0; t < 2; ++t)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx_factors(scur.mx[t][h], f1[t][h], f2[t][h]);
-        twice |= scur.mx[t][h] > 128u;
-      }
-    twice = __any_sync(0xffffffffu, twice);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {  // the lane's 8-code word i = k 8i .. 8i + 7 of its pack
-      uint4 xv[SW_SUBS];
-#pragma unroll
-      for (int j = 0; j < SW_SUBS; ++j)
-        xv[j] = live && j < nsub && xrow[j] ? *(const uint4*)(xrow[j] + (i64)c * 64 + i * 16)
-                                            : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-      for (int s2 = 0; s2 < 2; ++s2) {  // MMA step: code pairs P = 2 s2, 2 s2 + 1
-        u32 a[2][2][2];  // [tile][half][pair]
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            u32 v = sw_word(wcur[t][h], i);
-            u32 p0 = s2 ? mx_e2m1_pair<2>(v) : mx_e2m1_pair<0>(v);
-            u32 p1 = s2 ? mx_e2m1_pair<3>(v) : mx_e2m1_pair<1>(v);
-            p0 = mx_bf16x2_mul(p0, f1[t][h]);
-            p1 = mx_bf16x2_mul(p1, f1[t][h]);
-            if (twice) {
-              p0 = mx_bf16x2_mul(p0, f2[t][h]);
-              p1 = mx_bf16x2_mul(p1, f2[t][h]);
-            }
-            a[t][h][0] = p0;
-            a[t][h][1] = p1;
-          }
+      for (int s = 0; s < 2; ++s)
 #pragma unroll
         for (int j = 0; j < SW_SUBS; ++j) {
           if (j >= nsub) continue;
-          // activations (e0 e1)(e2 e3)(e4 e5)(e6 e7) -> (e_P, e_P+4) pairs
-          u32 w0 = s2 ? xv[j].y : xv[j].x, w1 = s2 ? xv[j].w : xv[j].z;
-          u32 b0 = __byte_perm(w0, w1, 0x5410), b1 = __byte_perm(w0, w1, 0x7632);
 #pragma unroll
           for (int t = 0; t < 2; ++t)
-            sw_mma(acc[t][j], a[t][0][0], a[t][1][0], a[t][0][1], a[t][1][1], b0, b1);
+            sw_mma(SW_ACC[t][j], sw_word(wcur[t][0], 2 * s), sw_word(wcur[t][1], 2 * s),
+                   sw_word(wcur[t][0], 2 * s + 1), sw_word(wcur[t][1], 2 * s + 1),
+                   sw_word(xb[j], 2 * s), sw_word(xb[j], 2 * s + 1));
+        }
+#undef SW_ACC
+#if SW_FOLD
+      {
+#pragma unroll
+        for (int j = 0; j < SW_SUBS; ++j) {
+          if (j >= nsub) continue;
+#pragma unroll
+          for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+              acc[t][j][q] = fmaf(part[t][j][q], scur.ws[t] * scur.as[j][q & 1], acc[t][j][q]);
         }
       }
-    }
-#else
-    // 16-bit: 8 values per lane and row, two k16 MMA steps.
-    uint4 xb[SW_SUBS];
+#endif
+#elif WFMT == WF_MXFP4
+      // 32 codes per lane and row; the activations of the same 32 k, paired as the codes are
+      // (k, k + 4) within each 8.
+      u32 f1[2][2], f2[2][2];
+      bool twice = false;
 #pragma unroll
-    for (int j = 0; j < SW_SUBS; ++j)
-      xb[j] = cur.x[j];
+      for (int t = 0; t < 2; ++t)
 #pragma unroll
-    for (int s = 0; s < 2; ++s)
+        for (int h = 0; h < 2; ++h) {
+          mx_factors(scur.mx[t][h], f1[t][h], f2[t][h]);
+          twice |= scur.mx[t][h] > 128u;
+        }
+      twice = __any_sync(0xffffffffu, twice);
 #pragma unroll
-      for (int j = 0; j < SW_SUBS; ++j) {
-        if (j >= nsub) continue;
+      for (int i = 0; i < 4; ++i) {  // the lane's 8-code word i = k 8i .. 8i + 7 of its pack
+        uint4 xv[SW_SUBS];
 #pragma unroll
-        for (int t = 0; t < 2; ++t)
-          sw_mma(acc[t][j], sw_word(wcur[t][0], 2 * s), sw_word(wcur[t][1], 2 * s),
-                 sw_word(wcur[t][0], 2 * s + 1), sw_word(wcur[t][1], 2 * s + 1),
-                 sw_word(xb[j], 2 * s), sw_word(xb[j], 2 * s + 1));
+        for (int j = 0; j < SW_SUBS; ++j)
+          xv[j] = live && j < nsub && xrow[j] ? *(const uint4*)(xrow[j] + (i64)c * 64 + i * 16)
+                                              : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int s2 = 0; s2 < 2; ++s2) {  // MMA step: code pairs P = 2 s2, 2 s2 + 1
+          u32 a[2][2][2];  // [tile][half][pair]
+#pragma unroll
+          for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              u32 v = sw_word(wcur[t][h], i);
+              u32 p0 = s2 ? mx_e2m1_pair<2>(v) : mx_e2m1_pair<0>(v);
+              u32 p1 = s2 ? mx_e2m1_pair<3>(v) : mx_e2m1_pair<1>(v);
+              p0 = mx_bf16x2_mul(p0, f1[t][h]);
+              p1 = mx_bf16x2_mul(p1, f1[t][h]);
+              if (twice) {
+                p0 = mx_bf16x2_mul(p0, f2[t][h]);
+                p1 = mx_bf16x2_mul(p1, f2[t][h]);
+              }
+              a[t][h][0] = p0;
+              a[t][h][1] = p1;
+            }
+#pragma unroll
+          for (int j = 0; j < SW_SUBS; ++j) {
+            if (j >= nsub) continue;
+            // activations (e0 e1)(e2 e3)(e4 e5)(e6 e7) -> (e_P, e_P+4) pairs
+            u32 w0 = s2 ? xv[j].y : xv[j].x, w1 = s2 ? xv[j].w : xv[j].z;
+            u32 b0 = __byte_perm(w0, w1, 0x5410), b1 = __byte_perm(w0, w1, 0x7632);
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+              sw_mma(acc[t][j], a[t][0][0], a[t][1][0], a[t][0][1], a[t][1][1], b0, b1);
+          }
+        }
       }
+#else
+      // 16-bit: 8 values per lane and row, two k16 MMA steps.
+      uint4 xb[SW_SUBS];
+#pragma unroll
+      for (int j = 0; j < SW_SUBS; ++j)
+        xb[j] = cur.x[j];
+#pragma unroll
+      for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int j = 0; j < SW_SUBS; ++j) {
+          if (j >= nsub) continue;
+#pragma unroll
+          for (int t = 0; t < 2; ++t)
+            sw_mma(acc[t][j], sw_word(wcur[t][0], 2 * s), sw_word(wcur[t][1], 2 * s),
+                   sw_word(wcur[t][0], 2 * s + 1), sw_word(wcur[t][1], 2 * s + 1),
+                   sw_word(xb[j], 2 * s), sw_word(xb[j], 2 * s + 1));
+        }
 #endif
 #if !SW_FOLD
-    scur = snext;
+      scur = snext;
 #endif
-    cur = nxt;
-  }
+      cur = nxt;
+    }
+  };
+  if (nsub == 1)
+    k_loop(sw_bool<true>{});
+  else
+    k_loop(sw_bool<false>{});
 
   // Partial sums of each warp -> shared; then each (row, token) of the block adds its KW
   // partials in warp order (deterministic).

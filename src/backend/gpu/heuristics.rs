@@ -28,6 +28,10 @@ pub const WGMMA_MIN_PAIRS_PER_EXPERT: usize = 32;
 /// HBM latency only with enough pairs to reuse them: at 32 pairs gpt-oss took 5.2 ms there
 /// against 2.5 on stream, at 128 pairs 7.7 against 20.9 on tile32 (bench/NOTES.md).
 pub const WGMMA_MIN_PAIRS_PER_EXPERT_MXFP4: usize = 64;
+/// fp8 block-128 weights from 16 pairs: Qwen3-30B-A3B at M = 256 (16 pairs) took 349 us on
+/// wgmma against 392 on stream, at M = 128 (8 pairs) 323 against 262 (bench/NOTES.md,
+/// session 9).
+pub const WGMMA_MIN_PAIRS_PER_EXPERT_FP8_BLOCK: usize = 16;
 
 /// `MOEPLUG_WGMMA_N=128|256`, `MOEPLUG_WGMMA_BM=64|128`, `MOEPLUG_WGMMA_BLOCKS=1|2`:
 /// diagnostic overrides of the wgmma family's block shape and blocks per SM (benchmarks). The
@@ -523,6 +527,7 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
     );
     let wgmma_min = match launch.config.layout.weight_format {
         WeightFormat::Mxfp4 => WGMMA_MIN_PAIRS_PER_EXPERT_MXFP4,
+        WeightFormat::Fp8Block128 => WGMMA_MIN_PAIRS_PER_EXPERT_FP8_BLOCK,
         _ => WGMMA_MIN_PAIRS_PER_EXPERT,
     };
     if wgmma_ok && pairs_per_expert >= wgmma_min {

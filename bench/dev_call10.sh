@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# GPU calls of session 10, one per argument:
+#   suite: the whole GPU suite (8 processes) and the kit with peers on target/release
+#   ab:    A/B of the stream family's K split and of target/v3 (fp8 block scales one step
+#          ahead), the wgmma / stream crossover of fp8 block-128 at M = 256 / 512, and ncu
+#          stall reasons of Qwen3 fp8 block-128 at M = 64
+set -uo pipefail
+export MOEPLUG_CACHE_DIR=/tmp/moeplug-cache PYTHONUNBUFFERED=1
+t0=$(date +%s)
+stamp() { echo "--- $1 at $(( $(date +%s) - t0 )) s"; }
+case ${1:-suite} in
+suite)
+  SUITE_JOBS=8 SUITE_TIMEOUT=330 bash bench/device_check.sh suite
+  stamp suite
+  KIT_TIMEOUT=200 bash bench/device_check.sh kit
+  stamp kit
+  ;;
+ab)
+  ROUNDS=2 AB_TIMEOUT=100 bash bench/ab.sh "" "MOEPLUG_STREAM_SPLIT_K=4" "MOEPLUG_STREAM_SPLIT_K=2" \
+    "MOEPLUG_LIBRARY=$PWD/target/v3/libmoeplug.so" -- --ms 1,8,64 2>&1 | tail -45
+  stamp ab
+  ROUNDS=1 AB_TIMEOUT=80 bash bench/ab.sh "MOEPLUG_GPU_FAMILY=stream" "MOEPLUG_GPU_FAMILY=wgmma" -- \
+    --cases dsv3_fp8blk,qwen3_fp8blk --ms 256,512 2>&1 | tail -12
+  stamp crossover
+  NCU_WHAT=breakdown BENCH_ACT=fp8_block128 NCU_LINES=80 \
+    NCU_GREP='moe_stage|Duration|stalled|dram__bytes_read|pipe_tensor' \
+    bash bench/ncu_profile.sh qwen3-30b-a3b:fp8_block128:64
+  stamp ncu
+  ;;
+esac
