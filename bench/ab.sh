@@ -9,6 +9,7 @@ set -uo pipefail
 export MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so PYTHONUNBUFFERED=1 MOEPLUG_CACHE_DIR=/tmp/moeplug-cache
 out=${OUT:-/tmp/ab}
 mkdir -p "$out"
+rm -f "$out"/ab_*_*.json "$out"/ab_*_*.log  # a previous A/B in the same folder is not this one
 variants=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do variants+=("$1"); shift; done
 shift || true

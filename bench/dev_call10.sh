@@ -4,6 +4,7 @@
 #   ab:    A/B of the stream family's K split and of target/v3 (fp8 block scales one step
 #          ahead), the wgmma / stream crossover of fp8 block-128 at M = 256 / 512, and ncu
 #          stall reasons of Qwen3 fp8 block-128 at M = 64
+#   splitk: each stream stage's K split on its own, M = 1-256
 set -uo pipefail
 export MOEPLUG_CACHE_DIR=/tmp/moeplug-cache PYTHONUNBUFFERED=1
 t0=$(date +%s)
@@ -26,5 +27,13 @@ ab)
     NCU_GREP='moe_stage|Duration|stalled|dram__bytes_read|pipe_tensor' \
     bash bench/ncu_profile.sh qwen3-30b-a3b:fp8_block128:64
   stamp ncu
+  ;;
+splitk)
+  # Each stage's K split alone (0: the heuristic's choice for the other stage).
+  ROUNDS=2 AB_TIMEOUT=60 bash bench/ab.sh "" "MOEPLUG_STREAM_SPLIT_K=8,0" "MOEPLUG_STREAM_SPLIT_K=4,0" \
+    "MOEPLUG_STREAM_SPLIT_K=2,0" "MOEPLUG_STREAM_SPLIT_K=1,0" "MOEPLUG_STREAM_SPLIT_K=0,8" \
+    "MOEPLUG_STREAM_SPLIT_K=0,4" "MOEPLUG_STREAM_SPLIT_K=0,2" "MOEPLUG_STREAM_SPLIT_K=0,1" -- \
+    --ms 1,8,64,256 2>&1 | tail -32
+  stamp splitk
   ;;
 esac

@@ -61,13 +61,27 @@ static PREFERENCE: Lazy<Option<Family>> = Lazy::new(|| {
         .and_then(|v| Family::from_name(v.trim()))
 });
 
-/// `MOEPLUG_STREAM_SPLIT_K=1|2|4|8`: a diagnostic override of the stream family's K split.
-static SPLIT_K_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| {
+/// `MOEPLUG_STREAM_SPLIT_K=KW` or `KW1,KW2` (each 1, 2, 4 or 8; 0 keeps that stage's
+/// choice): a diagnostic override of the stream family's K split, both stages or each.
+static SPLIT_K_PREFERENCE: Lazy<Option<[Option<u32>; 2]>> = Lazy::new(|| {
     std::env::var("MOEPLUG_STREAM_SPLIT_K")
         .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|kw| [1, 2, 4, 8].contains(kw))
+        .and_then(|v| parse_split_k(&v))
 });
+
+fn parse_split_k(v: &str) -> Option<[Option<u32>; 2]> {
+    let one = |s: &str| -> Option<Option<u32>> {
+        match s.trim().parse().ok()? {
+            0 => Some(None),
+            kw @ (1 | 2 | 4 | 8) => Some(Some(kw)),
+            _ => None,
+        }
+    };
+    match v.split_once(',') {
+        Some((a, b)) => Some([one(a)?, one(b)?]),
+        None => one(v).map(|kw| [kw, kw]),
+    }
+}
 
 /// `MOEPLUG_STREAM_BM=16|32`: the stream family's sorted rows per tile (benchmarks). 16, the
 /// default, was the only height measured on the H200; 32 reads an expert's weights once for
@@ -422,8 +436,10 @@ pub fn spec_for(
                 tiles * l.hidden_size.div_ceil(32),
             ),
         ];
-        if let Some(kw) = *SPLIT_K_PREFERENCE {
-            spec.split_k = [kw, kw];
+        if let Some(kws) = *SPLIT_K_PREFERENCE {
+            for (chosen, kw) in spec.split_k.iter_mut().zip(kws) {
+                *chosen = kw.unwrap_or(*chosen);
+            }
         }
         spec.stream_bm = STREAM_BM_PREFERENCE.unwrap_or(STREAM_TILE_ROWS[0]);
         let prefetch = STREAM_PREFETCH_PREFERENCE.unwrap_or(StreamPrefetch::Off);
@@ -618,6 +634,16 @@ mod tests {
         assert!(!spec.is_empty());
         for sm in [70, 80, 89, 90, 100] {
             assert!(spec.iter().all(|s| !selectable(sm, s)), "sm_{sm}");
+        }
+    }
+
+    #[test]
+    fn split_k_override_names_both_stages_or_each() {
+        assert_eq!(parse_split_k("4"), Some([Some(4), Some(4)]));
+        assert_eq!(parse_split_k(" 2,0"), Some([Some(2), None]));
+        assert_eq!(parse_split_k("0,8"), Some([None, Some(8)]));
+        for bad in ["3", "4,", "16,2", "x", "2,4,8"] {
+            assert_eq!(parse_split_k(bad), None, "{bad}");
         }
     }
 
