@@ -5,6 +5,7 @@
 #          ahead), the wgmma / stream crossover of fp8 block-128 at M = 256 / 512, and ncu
 #          stall reasons of Qwen3 fp8 block-128 at M = 64
 #   splitk: each stream stage's K split on its own, M = 1-256
+#   final: suite, kit, and the new K split against target/old at M = 2, 16, 32, 128
 set -uo pipefail
 export MOEPLUG_CACHE_DIR=/tmp/moeplug-cache PYTHONUNBUFFERED=1
 t0=$(date +%s)
@@ -35,5 +36,16 @@ splitk)
     "MOEPLUG_STREAM_SPLIT_K=0,4" "MOEPLUG_STREAM_SPLIT_K=0,2" "MOEPLUG_STREAM_SPLIT_K=0,1" -- \
     --ms 1,8,64,256 2>&1 | tail -32
   stamp splitk
+  ;;
+final)
+  # The fitted K split: whole suite, kit with peers, and an A/B against the previous split
+  # (target/old) at M the fit never saw.
+  SUITE_JOBS=8 SUITE_TIMEOUT=330 bash bench/device_check.sh suite
+  stamp suite
+  KIT_TIMEOUT=200 bash bench/device_check.sh kit
+  stamp kit
+  ROUNDS=2 AB_TIMEOUT=60 bash bench/ab.sh "MOEPLUG_LIBRARY=$PWD/target/old/libmoeplug.so" "" -- \
+    --ms 2,16,32,128 2>&1 | tail -22
+  stamp heldout
   ;;
 esac

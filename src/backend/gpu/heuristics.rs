@@ -423,17 +423,19 @@ pub fn spec_for(
     spec.fused_combine = fused_combine(arch, family);
     if family == Family::Stream {
         let l = &launch.config.layout;
+        spec.stream_bm = STREAM_BM_PREFERENCE.unwrap_or(STREAM_TILE_ROWS[0]);
         let steps = |k: usize| k.div_ceil(4 * pack_values(spec.weight_format));
-        // Sorted tiles with rows: at least the touched experts, at most one per pair.
-        let tiles = (shape.m * shape.topk).min(l.num_experts).max(1);
+        let tiles = expected_tiles(shape.m, shape.topk, l.num_experts, spec.stream_bm as usize);
         spec.split_k = [
             stream_split_k(
                 steps(l.hidden_size),
-                tiles * l.intermediate_size.div_ceil(16),
+                tiles * l.intermediate_size.div_ceil(16) as f64,
+                spec.weight_format,
             ),
             stream_split_k(
                 steps(l.intermediate_size),
-                tiles * l.hidden_size.div_ceil(32),
+                tiles * l.hidden_size.div_ceil(32) as f64,
+                spec.weight_format,
             ),
         ];
         if let Some(kws) = *SPLIT_K_PREFERENCE {
@@ -441,7 +443,6 @@ pub fn spec_for(
                 *chosen = kw.unwrap_or(*chosen);
             }
         }
-        spec.stream_bm = STREAM_BM_PREFERENCE.unwrap_or(STREAM_TILE_ROWS[0]);
         let prefetch = STREAM_PREFETCH_PREFERENCE.unwrap_or(StreamPrefetch::Off);
         let sm = sm_version(arch);
         spec.stream_prefetch = sm.map_or(prefetch, |sm| prefetch.on(sm));
@@ -493,25 +494,73 @@ pub fn choose_accepted(
     )))
 }
 
-/// Blocks the stream family wants at least, so that every SM of an H100/H200-class GPU (132)
-/// gets several (two resident per SM): fewer and the K split stays wide.
-const STREAM_MIN_BLOCKS: usize = 132 * 2 * 3;
-/// K steps per warp below which a warp spends more time on its prologue and the block's
-/// reduction than on streaming.
-const STREAM_MIN_STEPS_PER_WARP: usize = 4;
+/// Stream blocks resident at once on an H100/H200-class GPU: 132 SMs x 2 (the kernel's
+/// `SW_MIN_BLOCKS`). The split below counts waves of this many blocks.
+const STREAM_RESIDENT_BLOCKS: f64 = 132.0 * 2.0;
+/// What a stream block costs besides its K steps (finding its tile and rows, the first loads,
+/// the reduction of the warps' partial sums and the epilogue), in K steps of a 16-bit or fp8
+/// warp; fitted with the next two to the H200's per-stage K-split A/B (bench/NOTES.md,
+/// session 10: the fit picks the measured best split, or one within 1.2 % of it, at 36 of 38
+/// (case, M, stage) points of the kit at M = 1-256).
+const STREAM_BLOCK_COST_STEPS: f64 = 4.0;
 
-/// Warps (of 8) that split K in a stream stage of `steps` 4-pack steps, whose 32-row groups
-/// number `row_groups` over the launch: the widest split (8) unless the warps would get too
-/// few steps, as long as the blocks stay plentiful.
-pub fn stream_split_k(steps: usize, row_groups: usize) -> u32 {
-    let mut kw = 8usize;
-    while kw > 1
-        && steps / kw < STREAM_MIN_STEPS_PER_WARP
-        && row_groups.div_ceil(8 / (kw / 2)) >= STREAM_MIN_BLOCKS
-    {
-        kw /= 2;
+/// A K step's cost against a 16-bit or fp8 step (MXFP4's e2m1 decode makes its steps
+/// issue-bound), and the longest K walk per warp that still paid off on the H200: longer
+/// walks leave too few warps in flight per SM.
+fn stream_step_cost(format: WeightFormat) -> (f64, f64) {
+    match format {
+        WeightFormat::Mxfp4 => (3.0, 12.0),
+        WeightFormat::Bf16 | WeightFormat::Fp16 => (1.0, 32.0),
+        _ => (1.0, 64.0),
     }
-    kw as u32
+}
+
+/// Warps (of 8) that split K in a stream stage of `steps` 4-pack steps whose 32-row groups
+/// number `row_groups` over the launch (expected; `expected_tiles`). Fewer warps per K means
+/// fewer, longer blocks: each block's fixed cost is paid fewer times, but the last wave may
+/// leave SMs idle. The split minimises waves x (steps per warp x step cost + block cost)
+/// among the walks no longer than the format's limit (8 warps always qualify).
+pub fn stream_split_k(steps: usize, row_groups: f64, format: WeightFormat) -> u32 {
+    let (step_cost, max_walk) = stream_step_cost(format);
+    let cost = |kw: u32| {
+        let blocks = row_groups * kw as f64 / 8.0;
+        let walk = steps as f64 / kw as f64;
+        (blocks / STREAM_RESIDENT_BLOCKS).ceil().max(1.0)
+            * (walk * step_cost + STREAM_BLOCK_COST_STEPS)
+    };
+    let mut best = 8;
+    for kw in [4, 2, 1] {
+        if steps as f64 / kw as f64 <= max_walk && cost(kw) < cost(best) - 1e-9 {
+            best = kw;
+        }
+    }
+    best
+}
+
+/// Sorted tiles of `bm` rows with tokens that a launch of `m` tokens, top-`topk` over
+/// `experts` experts, is expected to have under uniform routing: each expert's pair count
+/// is Binomial(m, topk / experts) and takes ceil(count / bm) tiles. Computed over the
+/// counts that carry the probability mass; far beyond the stream family's range (over 64
+/// pairs per expert) the mean count's tiles stand in.
+pub fn expected_tiles(m: usize, topk: usize, experts: usize, bm: usize) -> f64 {
+    let experts = experts.max(1) as f64;
+    let p = (topk as f64 / experts).min(1.0);
+    let mean = m as f64 * p;
+    if m == 0 || p == 0.0 {
+        return 1.0;
+    }
+    if p >= 1.0 || mean > 64.0 {
+        return (experts * (mean / bm as f64).ceil()).max(1.0);
+    }
+    let last = m.min((mean + 10.0 * mean.sqrt() + 16.0) as usize);
+    // P(count = j), from P(0) = (1 - p)^m upwards (P(0) >= e^-70 here: no underflow).
+    let mut pmf = (m as f64 * (-p).ln_1p()).exp();
+    let mut tiles = 0.0;
+    for j in 1..=last {
+        pmf *= (m - j + 1) as f64 / j as f64 * p / (1.0 - p);
+        tiles += pmf * j.div_ceil(bm) as f64;
+    }
+    (experts * tiles).max(1.0)
 }
 
 /// The family for this launch on `arch`.
@@ -560,11 +609,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn split_k_narrows_only_for_short_k_with_blocks_to_spare() {
-        assert_eq!(stream_split_k(64, 10_000), 8); // long K
-        assert_eq!(stream_split_k(12, 100_000), 2); // short K, many blocks
-        assert_eq!(stream_split_k(12, 400), 8); // short K, few blocks: keep the SMs busy
-        assert_eq!(stream_split_k(1, 1 << 20), 1);
+    fn split_k_picks_what_the_h200_measured_fastest() {
+        use WeightFormat as W;
+        // (format, H, I, E, top-k, M) -> [stage 1, stage 2], the best split of the per-stage
+        // A/B (bench/NOTES.md, session 10) where the fit agrees with it.
+        let pick = |f: W, h: usize, i: usize, e: usize, k: usize, m: usize| {
+            let steps = |c: usize| c.div_ceil(4 * pack_values(f));
+            let tiles = expected_tiles(m, k, e, 16);
+            [
+                stream_split_k(steps(h), tiles * i.div_ceil(16) as f64, f),
+                stream_split_k(steps(i), tiles * h.div_ceil(32) as f64, f),
+            ]
+        };
+        assert_eq!(pick(W::Bf16, 2048, 768, 128, 8, 1), [4, 4]); // Qwen3-30B-A3B
+        assert_eq!(pick(W::Bf16, 2048, 768, 128, 8, 256), [2, 1]);
+        assert_eq!(pick(W::Fp8Block128, 2048, 768, 128, 8, 8)[0], 4);
+        assert_eq!(pick(W::Fp8Block128, 2048, 768, 128, 8, 64), [1, 1]);
+        assert_eq!(pick(W::Fp8Block128, 7168, 2048, 256, 8, 1), [2, 1]); // DeepSeek-V3
+        assert_eq!(pick(W::Fp8Block128, 7168, 2048, 256, 8, 64), [2, 1]);
+        assert_eq!(pick(W::Mxfp4, 2880, 2880, 128, 4, 8), [2, 4]); // gpt-oss-120b
+        assert_eq!(pick(W::Bf16, 2880, 2880, 128, 4, 1), [8, 4]);
+        // MXFP4's issue-bound steps keep K split wider than fp8's at the same shape.
+        assert_eq!(pick(W::Mxfp4, 2880, 2880, 128, 4, 1)[0], 8);
+        assert!(pick(W::Fp8Block128, 2880, 2880, 128, 4, 1)[0] < 8);
+    }
+
+    #[test]
+    fn expected_tiles_counts_touched_experts_and_second_tiles() {
+        assert_eq!(expected_tiles(1, 8, 128, 16), 8.0);
+        // 8 tokens x 8 of 128 experts: 128 (1 - (120/128)^8) = 51.6 distinct experts
+        assert!((expected_tiles(8, 8, 128, 16) - 51.62).abs() < 0.01);
+        // 16 pairs per expert on average: about half the experts need a second tile
+        let t = expected_tiles(256, 8, 128, 16);
+        assert!((170.0..200.0).contains(&t), "{t}");
+        // far beyond the stream range: the mean's tiles, never 0 or NaN
+        assert_eq!(expected_tiles(1 << 20, 8, 128, 16), 128.0 * 4096.0);
+        assert_eq!(expected_tiles(0, 8, 128, 16), 1.0);
+        assert_eq!(expected_tiles(5, 8, 4, 16), 4.0);
     }
 
     #[test]
