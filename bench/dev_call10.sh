@@ -6,6 +6,7 @@
 #          stall reasons of Qwen3 fp8 block-128 at M = 64
 #   splitk: each stream stage's K split on its own, M = 1-256
 #   final: suite, kit, and the new K split against target/old at M = 2, 16, 32, 128
+#   mxfp4: the fill-every-slot rule for MXFP4 against target/fit1 at M = 1, 2, 4
 set -uo pipefail
 export MOEPLUG_CACHE_DIR=/tmp/moeplug-cache PYTHONUNBUFFERED=1
 t0=$(date +%s)
@@ -47,5 +48,11 @@ final)
   ROUNDS=2 AB_TIMEOUT=60 bash bench/ab.sh "MOEPLUG_LIBRARY=$PWD/target/old/libmoeplug.so" "" -- \
     --ms 2,16,32,128 2>&1 | tail -22
   stamp heldout
+  ;;
+mxfp4)
+  # MXFP4 keeps every resident slot filled (target/fit1: without that rule).
+  ROUNDS=3 AB_TIMEOUT=40 bash bench/ab.sh "MOEPLUG_LIBRARY=$PWD/target/fit1/libmoeplug.so" "" -- \
+    --cases gptoss_mxfp4,qwen3_bf16 --ms 1,2,4 2>&1 | tail -9
+  stamp mxfp4
   ;;
 esac

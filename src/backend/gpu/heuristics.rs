@@ -499,19 +499,37 @@ pub fn choose_accepted(
 const STREAM_RESIDENT_BLOCKS: f64 = 132.0 * 2.0;
 /// What a stream block costs besides its K steps (finding its tile and rows, the first loads,
 /// the reduction of the warps' partial sums and the epilogue), in K steps of a 16-bit or fp8
-/// warp; fitted with the next two to the H200's per-stage K-split A/B (bench/NOTES.md,
-/// session 10: the fit picks the measured best split, or one within 1.2 % of it, at 36 of 38
-/// (case, M, stage) points of the kit at M = 1-256).
+/// warp; fitted with [`StreamSteps`] to the H200's per-stage K-split A/B (bench/NOTES.md,
+/// session 10; `bench/splitk_fit.py`): the fit picks the measured best split, or one within
+/// 1.2 % of it, at 37 of 38 (case, M, stage) points of the kit at M = 1-256.
 const STREAM_BLOCK_COST_STEPS: f64 = 4.0;
 
-/// A K step's cost against a 16-bit or fp8 step (MXFP4's e2m1 decode makes its steps
-/// issue-bound), and the longest K walk per warp that still paid off on the H200: longer
-/// walks leave too few warps in flight per SM.
-fn stream_step_cost(format: WeightFormat) -> (f64, f64) {
-    match format {
-        WeightFormat::Mxfp4 => (3.0, 12.0),
-        WeightFormat::Bf16 | WeightFormat::Fp16 => (1.0, 32.0),
-        _ => (1.0, 64.0),
+/// How a stream stage's K steps cost, by weight format (fitted on the H200 with the block
+/// cost above).
+struct StreamSteps {
+    /// A K step's cost against a 16-bit or fp8 step: MXFP4's e2m1 decode makes its steps
+    /// issue-bound.
+    cost: f64,
+    /// The longest K walk per warp that still paid off: longer walks leave too few warps in
+    /// flight per SM.
+    max_walk: f64,
+    /// Whether a narrower split must still fill every resident block slot: issue-bound warps
+    /// run slower with fewer warps per SM (gpt-oss MXFP4 at M = 1, stage 2: split 4 on 180
+    /// blocks was 3.2 % slower than 8 on 360), while load-bound ones gain from one short wave
+    /// (Qwen3 at M = 1: split 4 on 192 blocks 3-5 % faster than 8 on 384).
+    fill_slots: bool,
+}
+
+fn stream_steps(format: WeightFormat) -> StreamSteps {
+    let (cost, max_walk, fill_slots) = match format {
+        WeightFormat::Mxfp4 => (3.0, 12.0, true),
+        WeightFormat::Bf16 | WeightFormat::Fp16 => (1.0, 32.0, false),
+        _ => (1.0, 64.0, false),
+    };
+    StreamSteps {
+        cost,
+        max_walk,
+        fill_slots,
     }
 }
 
@@ -519,18 +537,20 @@ fn stream_step_cost(format: WeightFormat) -> (f64, f64) {
 /// number `row_groups` over the launch (expected; `expected_tiles`). Fewer warps per K means
 /// fewer, longer blocks: each block's fixed cost is paid fewer times, but the last wave may
 /// leave SMs idle. The split minimises waves x (steps per warp x step cost + block cost)
-/// among the walks no longer than the format's limit (8 warps always qualify).
+/// among the walks the format allows (8 warps always qualify).
 pub fn stream_split_k(steps: usize, row_groups: f64, format: WeightFormat) -> u32 {
-    let (step_cost, max_walk) = stream_step_cost(format);
+    let f = stream_steps(format);
+    let blocks = |kw: u32| row_groups * kw as f64 / 8.0;
+    let walk = |kw: u32| steps as f64 / kw as f64;
     let cost = |kw: u32| {
-        let blocks = row_groups * kw as f64 / 8.0;
-        let walk = steps as f64 / kw as f64;
-        (blocks / STREAM_RESIDENT_BLOCKS).ceil().max(1.0)
-            * (walk * step_cost + STREAM_BLOCK_COST_STEPS)
+        (blocks(kw) / STREAM_RESIDENT_BLOCKS).ceil().max(1.0)
+            * (walk(kw) * f.cost + STREAM_BLOCK_COST_STEPS)
     };
     let mut best = 8;
     for kw in [4, 2, 1] {
-        if steps as f64 / kw as f64 <= max_walk && cost(kw) < cost(best) - 1e-9 {
+        let allowed =
+            walk(kw) <= f.max_walk && (!f.fill_slots || blocks(kw) >= STREAM_RESIDENT_BLOCKS);
+        if allowed && cost(kw) < cost(best) - 1e-9 {
             best = kw;
         }
     }
@@ -630,7 +650,7 @@ mod tests {
         assert_eq!(pick(W::Mxfp4, 2880, 2880, 128, 4, 8), [2, 4]); // gpt-oss-120b
         assert_eq!(pick(W::Bf16, 2880, 2880, 128, 4, 1), [8, 4]);
         // MXFP4's issue-bound steps keep K split wider than fp8's at the same shape.
-        assert_eq!(pick(W::Mxfp4, 2880, 2880, 128, 4, 1)[0], 8);
+        assert_eq!(pick(W::Mxfp4, 2880, 2880, 128, 4, 1), [8, 8]);
         assert!(pick(W::Fp8Block128, 2880, 2880, 128, 4, 1)[0] < 8);
     }
 
