@@ -52,6 +52,9 @@
 #ifndef WG_WS
 #define WG_WS 0
 #endif
+#ifndef WG_GROUP
+#define WG_GROUP 0
+#endif
 #if WG_STAGES < 3
 #error "the ring needs 3 stages (copies run WG_STAGES - 2 steps ahead)"
 #endif
@@ -318,17 +321,38 @@ struct WgFold {
   }
 };
 
+// Work item w (blocks start in its order) of `tiles` sorted tiles x `nblk` column blocks ->
+// (tile, column block). WG_GROUP = 0: every tile of a column block, then the next column
+// block, so the tiles' activation rows are read nblk times from HBM when they exceed the L2
+// (Qwen3 at M = 4096: 134 MB per column block). WG_GROUP = g: every column block of g
+// consecutive tiles, then the next g, so those re-reads hit the L2; an expert's tiles are
+// consecutive either way, so its weight tile is read by them together.
+__device__ __forceinline__ void wg_order(int w, int tiles, int nblk, int& tile, int& nb) {
+#if WG_GROUP > 0
+  int first = w / (WG_GROUP * nblk) * WG_GROUP;
+  int size = min(WG_GROUP, tiles - first);
+  int r = w - first * nblk;
+  tile = first + r % size;
+  nb = r / size;
+#else
+  (void)nblk;
+  tile = w % tiles;
+  nb = w / tiles;
+#endif
+}
+
 template <bool GATED>
 __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   extern __shared__ u8 wg_smem_raw[];
   __shared__ int s_row[BM];
   __shared__ __align__(8) u64 s_full[WG_STAGES];  // WG_TMA: weight tile of stage s landed
-  int tile = blockIdx.x;
+  int tile, nb;  // the grid: (upper bound of the tiles, column blocks)
+  wg_order(blockIdx.y * gridDim.x + blockIdx.x, gridDim.x, gridDim.y, tile, nb);
   if (tile >= *(const int*)p.total_tiles) return;  // empty tile: exit before any load
   int e = ((const int*)p.tile_expert)[tile];
   int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   int gid = lane >> 2, tig = lane & 3;
-  int n0 = blockIdx.y * (GATED ? WG_COLS1 : WG_COLS2);
+  int n0 = nb * (GATED ? WG_COLS1 : WG_COLS2);
   // This warpgroup's activation rows and weight rows in the block.
   int a_row0 = BM == 128 ? 64 * wg : 0, b_row0 = BM == 128 ? 0 : WG_N * wg;
   if (tid < BM) s_row[tid] = ((const int*)p.sorted_rows)[tile * BM + tid];
@@ -524,8 +548,8 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
 
 #if WG_WS
 // Warp-specialised and persistent (WG_WS): warpgroup 0 produces, warpgroups 1 and 2 multiply.
-// One block per SM walks the work items w = blockIdx.x + i * gridDim.x, w = column block *
-// tiles + tile (blocks side by side take the tiles of one weight block: it stays L2-hot). Per
+// One block per SM walks the work items w = blockIdx.x + i * gridDim.x in wg_order's order
+// (an expert's tiles side by side: they read its weight block together). Per
 // ring stage a `full` barrier completes when the producer's 128 cp.async arrivals (the
 // activation rows) and the TMA bytes (the weight tile) are in, and an `empty` barrier when the
 // 8 consumer warps are done reading it; the producer runs up to WG_STAGES steps ahead, across
@@ -554,9 +578,10 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 
 // Work item w: its tile and first output column.
 template <bool GATED>
-__device__ __forceinline__ void wg_work(int w, int tiles, int& tile, int& n0) {
-  tile = w % tiles;
-  n0 = (w / tiles) * (GATED ? WG_COLS1 : WG_COLS2);
+__device__ __forceinline__ void wg_work(int w, int tiles, int nblk, int& tile, int& n0) {
+  int nb;
+  wg_order(w, tiles, nblk, tile, nb);
+  n0 = nb * (GATED ? WG_COLS1 : WG_COLS2);
 }
 
 template <bool GATED>
@@ -566,7 +591,8 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
   int tid = threadIdx.x;
   int tiles = *(const int*)p.total_tiles;
   int cols = GATED ? WG_COLS1 : WG_COLS2;
-  int work = tiles * (((GATED ? p.I : p.H) + cols - 1) / cols);
+  int nblk = ((GATED ? p.I : p.H) + cols - 1) / cols;
+  int work = tiles * nblk;
   if ((int)blockIdx.x >= work) return;  // every thread of the block, before any barrier
   u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;
   u32 full0 = smem_addr(&s_full[0]), empty0 = smem_addr(&s_empty[0]);
@@ -594,7 +620,7 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
     u32 it = 0;  // ring steps produced
     for (int w = blockIdx.x; w < work; w += gridDim.x) {
       int tile, n0;
-      wg_work<GATED>(w, tiles, tile, n0);
+      wg_work<GATED>(w, tiles, nblk, tile, n0);
       int e = tile_expert[tile];
       const u8* asrc[8];
 #pragma unroll
@@ -643,7 +669,7 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
   u32 it = 0;  // ring steps consumed
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     int tile, n0;
-    wg_work<GATED>(w, tiles, tile, n0);
+    wg_work<GATED>(w, tiles, nblk, tile, n0);
     int e = tile_expert[tile];
     int r0 = tile * BM + a_row0 + 16 * warp + gid;
     int rows[2] = {sorted[r0], sorted[r0 + 8]};

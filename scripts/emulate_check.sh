@@ -164,9 +164,9 @@ select_cuda() {
     for d in BM WFMT ACT_Q ACT_F16 SW_KW1 SW_KW2 SW_PF SW_PF_TILE; do
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
-    # wgmma: and its weight rows per MMA, blocks per SM, TMA and warp specialisation (absent
-    # from the other families).
-    for d in WG_N WG_MIN_BLOCKS WG_TMA WG_WS; do
+    # wgmma: and its weight rows per MMA, blocks per SM, TMA, warp specialisation and work
+    # order (absent from the other families).
+    for d in WG_N WG_MIN_BLOCKS WG_TMA WG_WS WG_GROUP; do
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
     [ -z "${seen[$key]+x}" ] || continue

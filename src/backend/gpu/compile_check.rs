@@ -72,6 +72,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 wgmma_blocks: [1, 2][(chosen / 4) % 2],
                                 wgmma_tma: (chosen / 8) % 2 == 0,
                                 wgmma_ws: (chosen / 16) % 2 == 0,
+                                wgmma_group: 0, // the default order; grouped below
                                 // the default where the family has it (heuristics)
                                 fused_combine: family.fuses_combine(),
                             };
@@ -123,6 +124,17 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(tall);
+                                // MOEPLUG_WGMMA_GROUP (the grouped work order, an opt-in):
+                                // that variant of every other wgmma configuration, in groups
+                                // of 3 tiles, so that the host emulation's 5-7 tiles make a
+                                // full and a partial group (docs/emulation.md).
+                                let grouped = (family == Family::Wgmma && chosen % 2 == 1)
+                                    .then(|| KernelSpec {
+                                        wgmma_group: 3,
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(grouped);
                                 // MOEPLUG_STREAM_PREFETCH (opt-in) on the other stream
                                 // configurations, rotated: one step with K split 2 (the host
                                 // emulation's K, 256 / 96, then reaches past the distance in

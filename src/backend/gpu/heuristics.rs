@@ -48,6 +48,15 @@ static WGMMA_TMA_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLU
 /// `MOEPLUG_WGMMA_WS=0|1`: the warp-specialised persistent kernel (the default where it
 /// covers the configuration) or one block per tile (benchmarks).
 static WGMMA_WS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_WS"));
+/// `MOEPLUG_WGMMA_GROUP=g` (1-1024): the wgmma family takes every column block of g
+/// consecutive sorted tiles before the next g ([`KernelSpec::wgmma_group`]), an A/B switch
+/// not yet measured on a GPU; unset or 0, the default, takes every tile of a column block
+/// first.
+static WGMMA_GROUP_PREFERENCE: Lazy<u32> = Lazy::new(|| {
+    env_choice("MOEPLUG_WGMMA_GROUP")
+        .filter(|g| *g <= 1024)
+        .unwrap_or(0)
+});
 
 fn env_choice(name: &str) -> Option<u32> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
@@ -467,6 +476,7 @@ pub fn spec_for(
                 spec = next;
             }
         }
+        spec.wgmma_group = *WGMMA_GROUP_PREFERENCE;
     }
     Ok(spec)
 }

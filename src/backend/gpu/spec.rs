@@ -198,6 +198,11 @@ pub struct KernelSpec {
     /// Wgmma family: a producer warpgroup fills the ring while two consumer warpgroups
     /// multiply, persistent over the tiles (`WG_WS`).
     pub wgmma_ws: bool,
+    /// Wgmma family: the order of the (tile, column block) work (`WG_GROUP`): 0 takes every
+    /// tile of a column block before the next column block; g > 0 takes every column block of
+    /// g consecutive tiles before the next g tiles, so a tile's activation rows are read again
+    /// while they are in the L2.
+    pub wgmma_group: u32,
     /// The top-k combine runs at the end of stage 2 instead of as `moe_reduce`
     /// (`FUSED_COMBINE`; [`Family::fuses_combine`] families on CUDA only).
     pub fused_combine: bool,
@@ -232,6 +237,7 @@ impl KernelSpec {
             wgmma_blocks: 1,
             wgmma_tma: false,
             wgmma_ws: false,
+            wgmma_group: 0,
             fused_combine: false,
         }
     }
@@ -421,6 +427,7 @@ impl KernelSpec {
             d.push(format!("WG_MIN_BLOCKS={}", self.wgmma_blocks));
             d.push(format!("WG_TMA={}", b(self.wgmma_tma)));
             d.push(format!("WG_WS={}", b(self.wgmma_ws)));
+            d.push(format!("WG_GROUP={}", self.wgmma_group));
         }
         d
     }
