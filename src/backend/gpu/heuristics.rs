@@ -579,12 +579,14 @@ pub fn expected_tiles(m: usize, topk: usize, experts: usize, bm: usize) -> f64 {
     if m == 0 || p == 0.0 {
         return 1.0;
     }
-    if p >= 1.0 || mean > 64.0 {
-        return (experts * (mean / bm as f64).ceil()).max(1.0);
+    let of_mean = (experts * (mean / bm as f64).ceil()).max(1.0);
+    // P(count = j), from P(0) = (1 - p)^m upwards (it underflows only where top-k is nearly
+    // every expert: then the mean stands in as well).
+    let mut pmf = (m as f64 * (-p).ln_1p()).exp();
+    if p >= 1.0 || mean > 64.0 || pmf == 0.0 {
+        return of_mean;
     }
     let last = m.min((mean + 10.0 * mean.sqrt() + 16.0) as usize);
-    // P(count = j), from P(0) = (1 - p)^m upwards (P(0) >= e^-70 here: no underflow).
-    let mut pmf = (m as f64 * (-p).ln_1p()).exp();
     let mut tiles = 0.0;
     for j in 1..=last {
         pmf *= (m - j + 1) as f64 / j as f64 * p / (1.0 - p);
@@ -676,6 +678,10 @@ mod tests {
         assert_eq!(expected_tiles(1 << 20, 8, 128, 16), 128.0 * 4096.0);
         assert_eq!(expected_tiles(0, 8, 128, 16), 1.0);
         assert_eq!(expected_tiles(5, 8, 4, 16), 4.0);
+        assert_eq!(
+            expected_tiles(64, (1 << 18) - 1, 1 << 18, 16),
+            4.0 * (1 << 18) as f64
+        ); // P(0) underflows
     }
 
     #[test]
