@@ -531,15 +531,15 @@ struct StreamSteps {
 }
 
 fn stream_steps(format: WeightFormat) -> StreamSteps {
-    let (cost, max_walk, fill_slots) = match format {
-        WeightFormat::Mxfp4 => (3.0, 12.0, true),
-        WeightFormat::Bf16 | WeightFormat::Fp16 => (1.0, 32.0, false),
-        _ => (1.0, 64.0, false),
-    };
-    StreamSteps {
+    let step = |cost, max_walk, fill_slots| StreamSteps {
         cost,
         max_walk,
         fill_slots,
+    };
+    match format {
+        WeightFormat::Mxfp4 => step(3.0, 12.0, true),
+        WeightFormat::Bf16 | WeightFormat::Fp16 => step(1.0, 32.0, false),
+        _ => step(1.0, 64.0, false),
     }
 }
 
