@@ -3,6 +3,7 @@
 #   ab:    the wgmma family's grouped work order (MOEPLUG_WGMMA_GROUP) at M = 1024 / 4096 with
 #          the wgmma tests under group 8; the stream / tile32 / wgmma crossovers at M = 256-1024
 #          with the fitted K split; the stream L2 prefetch at M = 1-256 with the longer walks
+#   ncu:   Nsight Compute of the peer's GEMM kernel and ours at M = 4096 (bench/ncu_peer.sh)
 #   suite: the whole GPU suite (8 processes) and the kit with peers on target/release
 set -uo pipefail
 export MOEPLUG_CACHE_DIR=/tmp/moeplug-cache PYTHONUNBUFFERED=1
@@ -24,6 +25,13 @@ ab)
   ROUNDS=2 AB_TIMEOUT=35 bash bench/ab.sh "" "MOEPLUG_STREAM_PREFETCH=2" "MOEPLUG_STREAM_PREFETCH=4" -- \
     --ms 1,8,64,256 2>&1 | tail -22
   stamp prefetch
+  ;;
+ncu)
+  # The peer's kernel next to ours at the prefill points (issue 10): what differs.
+  bash bench/ncu_peer.sh qwen3_bf16 4096
+  stamp ncu-qwen3
+  NCU_LINES=50 bash bench/ncu_peer.sh dsv3_fp8blk 4096
+  stamp ncu-dsv3
   ;;
 suite)
   SUITE_JOBS=8 SUITE_TIMEOUT=330 bash bench/device_check.sh suite
