@@ -30,7 +30,7 @@
 // Each warpgroup's WG_N weight rows of stage 1 are WG_N / 2 gate and WG_N / 2 up rows of the
 // same output columns, so the epilogue pairs them in-thread.
 //
-// Two ways to fill the ring, both on 128 x 128 blocks of AITER 16x16 weights (not MXFP4):
+// Two ways to fill the ring, both on 128-row tiles of AITER 16x16 weights (not MXFP4):
 // - WG_TMA: the weight tile by one TMA copy per stage (no swizzle, [chunk][row] core
 //   matrices), completing on the stage's mbarrier; activations as above.
 // - WG_WS (needs WG_TMA): warp-specialised and persistent, moe_gemm_wg_ws below.
@@ -554,10 +554,31 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
 // activation rows) and the TMA bytes (the weight tile) are in, and an `empty` barrier when the
 // 8 consumer warps are done reading it; the producer runs up to WG_STAGES steps ahead, across
 // tiles, so the next tile's copies fly during this tile's epilogue.
-#if !WG_TMA || BM != 128 || WG_N != 128 || WG_MX4
-#error "the warp-specialised kernel takes TMA weight tiles of 128 x 128 blocks"
+#if !WG_TMA || BM != 128 || WG_MX4
+#error "the warp-specialised kernel takes TMA weight tiles of 128-row blocks"
+#endif
+#if WG_N == 256 && WG_FOLD
+#error "128 x 256 blocks: 16-bit operands (fp8 partial sums need a second accumulator)"
 #endif
 #define WG_WS_THREADS 384
+// 128 x 256 blocks: each consumer thread holds 128 accumulators, more than the 168 registers
+// per thread that 384 threads get. The producer (addresses and copies) gives registers back
+// and the consumers take them (setmaxnreg): 128 x 40 + 256 x 232 = 64,512 of the SM's 65,536,
+// what the launch allocated (384 x 168).
+#define WG_WS_PRODUCER_REGS 40
+#define WG_WS_CONSUMER_REGS 232
+template <int REGS>
+__device__ __forceinline__ void wg_regs_dec() {
+#if !defined(MP_HOST) && WG_N == 256
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS));
+#endif
+}
+template <int REGS>
+__device__ __forceinline__ void wg_regs_inc() {
+#if !defined(MP_HOST) && WG_N == 256
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
+#endif
+}
 #define WG_FULL_ARRIVALS 129  // 128 producer threads' cp.async, plus the TMA's expect_tx
 #define WG_EMPTY_ARRIVALS 8   // one per consumer warp
 
@@ -616,6 +637,7 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
   if (tid < 128) {
     // Producer: thread t copies chunk t & 7 of activation rows (t >> 3) + 16 i; thread 0
     // also starts the weight tile's TMA.
+    wg_regs_dec<WG_WS_PRODUCER_REGS>();
     int ac = tid & 7;
     u32 it = 0;  // ring steps produced
     for (int w = blockIdx.x; w < work; w += gridDim.x) {
@@ -661,8 +683,9 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
     return;
   }
 
-  // Consumers: warpgroup wg multiplies sorted rows 64 wg .. 64 wg + 63 by the block's 128
+  // Consumers: warpgroup wg multiplies sorted rows 64 wg .. 64 wg + 63 by the block's WG_N
   // weight rows.
+  wg_regs_inc<WG_WS_CONSUMER_REGS>();
   int ctid = tid - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
   int gid = lane >> 2, tig = lane & 3;
   int a_row0 = 64 * wg;

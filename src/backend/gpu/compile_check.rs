@@ -135,6 +135,16 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(grouped);
+                                // MOEPLUG_WGMMA_N=256 (128 x 256 blocks, an opt-in): that
+                                // variant of every wgmma configuration that takes it, with
+                                // its TMA and warp specialisation as they are.
+                                let wide = (family == Family::Wgmma && spec.wgmma_n == 128)
+                                    .then(|| KernelSpec {
+                                        wgmma_n: 256,
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(wide);
                                 // MOEPLUG_STREAM_PREFETCH (opt-in) on the other stream
                                 // configurations, rotated: one step with K split 2 (the host
                                 // emulation's K, 256 / 96, then reaches past the distance in

@@ -344,14 +344,12 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
         return Some("256 weight rows per warpgroup only for 16-bit operands on 128-row tiles");
     }
     // The tensor map describes AITER's 16-row groups; MXFP4 is decoded through registers.
-    // (256 weight rows with TMA did not finish on the H200: not yet understood.)
     if spec.wgmma_tma
         && (spec.weight_layout != WeightLayout::Aiter16x16
             || spec.wgmma_bm != 128
-            || spec.wgmma_n != 128
             || spec.weight_format == WeightFormat::Mxfp4)
     {
-        return Some("TMA weight tiles: AITER 16x16 weights (not MXFP4) on 128 x 128 blocks");
+        return Some("TMA weight tiles: AITER 16x16 weights (not MXFP4) on 128-row tiles");
     }
     // The producer warpgroup copies activations and starts the TMA of the weights.
     if spec.wgmma_ws && (!spec.wgmma_tma || spec.wgmma_blocks != 1) {
