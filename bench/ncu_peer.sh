@@ -18,7 +18,10 @@ lts__t_sectors_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex_op_read.sum,\
 lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,dram__bytes_read.sum,\
 sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__block_size,\
 launch__registers_per_thread,launch__shared_mem_per_block_dynamic,smsp__inst_executed.sum"
-for who in "$peer" moeplug; do
+# BENCH_ONLY=1: moeplug alone.
+whos=("$peer" moeplug)
+[ "${BENCH_ONLY:-0}" = 1 ] && whos=(moeplug)
+for who in "${whos[@]}"; do
   if [ "$who" = moeplug ]; then kernels='regex:moe_stage'; else kernels='regex:(fused_moe_kernel|_matmul_ogs|matmul)'; fi
   echo "=== $who $case M=$m"
   timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none -k "$kernels" --launch-skip 2 --launch-count 2 \

@@ -161,8 +161,9 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
   } while (!done);
 #endif
 }
-// Box (16-byte chunk, row of the 16-row group, group, gate/up half, K chunk) of the tensor
-// map at coordinates {0, 0, group, 0, chunk} into shared memory as [chunk][row][16 bytes].
+// Box (a 16-row group's 16-byte chunk column of 256 bytes, 1, group, gate/up half, K chunk) of
+// the tensor map (src/backend/gpu/tma.rs) at coordinates {0, 0, group, 0, chunk} into shared
+// memory as [chunk][row][16 bytes].
 __device__ __forceinline__ void tma_load_weights(u32 dst, const WgTmaMap* map, int group,
                                                  int chunk, u32 bar) {
 #ifdef MP_HOST

@@ -1,9 +1,16 @@
 //! Tensor maps (TMA descriptors) of the wgmma family's weight tiles. AITER 16x16 weights
 //! (16-byte chunk c of row r at group (r / 16), chunk c, row r % 16) are described as a 5-D
-//! tensor of bytes: (byte of a chunk, row in its 16-row group, group, gate/up half, chunk
-//! along K). A box of one K step then lands in shared memory as [chunk][row][16 bytes]: the
-//! core-matrix layout without swizzle that `wgmma_desc_plain` (kernels/mma_sm90.cuh) reads,
-//! gate rows first, then the up rows of the same columns (stage 1).
+//! tensor of bytes: (byte of a group's chunk column: its 16 rows x 16 bytes, contiguous; a
+//! dimension of 1; group; gate/up half; chunk along K). A box of one K step then lands in
+//! shared memory as [chunk][row][16 bytes]: the core-matrix layout without swizzle that
+//! `wgmma_desc_plain` (kernels/mma_sm90.cuh) reads, gate rows first, then the up rows of the
+//! same columns (stage 1).
+//!
+//! Why the innermost dimension is 256 bytes: the TMA asks the L2 for each innermost row of a
+//! box separately. With (16 bytes, 16 rows) as two dimensions every request was 16 bytes,
+//! and ncu on the H200 counted 126 M L2 requests for Qwen3's stage 1 at M = 4096 (1.3
+//! sectors each, the L2's tag lookups at 91 % of peak) against 10 M for the peer's kernel
+//! (bench/NOTES.md, session 11). The second dimension (1) keeps the kernel's 5-D copy.
 
 use std::ffi::c_void;
 
@@ -38,6 +45,9 @@ pub struct WeightTensor {
 
 /// Bytes of K one box covers (one 128-byte operand row per wgmma step).
 const K_STEP_BYTES: usize = 128;
+/// Bytes of one 16-byte chunk column of a 16-row group (contiguous in AITER 16x16): the map's
+/// innermost dimension, the most a box row may hold (256 elements of one byte).
+const GROUP_CHUNK_BYTES: usize = 16 * 16;
 
 /// globalDim, globalStrides (dims 1..4, bytes) and boxDim of the map, innermost first.
 pub fn geometry(w: &WeightTensor) -> Result<([u64; 5], [u64; 4], [u32; 5])> {
@@ -77,11 +87,11 @@ pub fn geometry(w: &WeightTensor) -> Result<([u64; 5], [u64; 4], [u32; 5])> {
             w.block_rows / 16,
         ),
     };
-    let dims = [16, 16, groups as u64, halves, chunks as u64];
-    let strides = [16, group_stride, half_stride, 256];
+    let dims = [GROUP_CHUNK_BYTES as u64, 1, groups as u64, halves, chunks as u64];
+    let strides = [GROUP_CHUNK_BYTES as u64, group_stride, half_stride, 256];
     let boxes = [
-        16,
-        16,
+        GROUP_CHUNK_BYTES as u32,
+        1,
         box_groups as u32,
         halves as u32,
         (K_STEP_BYTES / 16) as u32,
@@ -143,18 +153,18 @@ mod tests {
     #[test]
     fn separated_gate_and_up_halves_are_intermediate_padded_rows_apart() {
         let (dims, strides, boxes) = geometry(&qwen3_stage1(GateMode::Separated)).unwrap();
-        assert_eq!(dims, [16, 16, (128 * 1536 - 768) / 16, 2, 4096 / 16]);
-        assert_eq!(strides, [16, 16 * 4096, 768 * 4096, 256]);
+        assert_eq!(dims, [256, 1, (128 * 1536 - 768) / 16, 2, 4096 / 16]);
+        assert_eq!(strides, [256, 16 * 4096, 768 * 4096, 256]);
         // 64 gate rows (4 groups) and their 64 up rows, one 128-byte K step.
-        assert_eq!(boxes, [16, 16, 4, 2, 8]);
+        assert_eq!(boxes, [256, 1, 4, 2, 8]);
     }
 
     #[test]
     fn interleaved_groups_pair_gate_and_up() {
         let (dims, strides, boxes) = geometry(&qwen3_stage1(GateMode::Interleave)).unwrap();
         assert_eq!(dims[2], 128 * 1536 / 32);
-        assert_eq!(strides, [16, 32 * 4096, 16 * 4096, 256]);
-        assert_eq!(boxes, [16, 16, 4, 2, 8]);
+        assert_eq!(strides, [256, 32 * 4096, 16 * 4096, 256]);
+        assert_eq!(boxes, [256, 1, 4, 2, 8]);
     }
 
     #[test]
@@ -169,9 +179,9 @@ mod tests {
             block_rows: 128,
         };
         let (dims, strides, boxes) = geometry(&w).unwrap();
-        assert_eq!(dims, [16, 16, 128 * 2048 / 16, 1, 768 * 2 / 16]);
+        assert_eq!(dims, [256, 1, 128 * 2048 / 16, 1, 768 * 2 / 16]);
         assert_eq!(strides[1], 16 * 768 * 2);
-        assert_eq!(boxes, [16, 16, 8, 1, 8]);
+        assert_eq!(boxes, [256, 1, 8, 1, 8]);
     }
 
     /// The largest byte offset any in-bounds coordinate of the map reaches.
