@@ -87,7 +87,13 @@ pub fn geometry(w: &WeightTensor) -> Result<([u64; 5], [u64; 4], [u32; 5])> {
             w.block_rows / 16,
         ),
     };
-    let dims = [GROUP_CHUNK_BYTES as u64, 1, groups as u64, halves, chunks as u64];
+    let dims = [
+        GROUP_CHUNK_BYTES as u64,
+        1,
+        groups as u64,
+        halves,
+        chunks as u64,
+    ];
     let strides = [GROUP_CHUNK_BYTES as u64, group_stride, half_stride, 256];
     let boxes = [
         GROUP_CHUNK_BYTES as u32,
