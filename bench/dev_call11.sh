@@ -53,6 +53,9 @@ tma)
   grep -E "moe_stage|Duration|tag_requests.avg|requests_srcunit|sectors_srcunit|pipe_tensor_cycles|dram__bytes_read" \
     "$OUT/ncu_moeplug_qwen3_bf16_4096.log" | tee -a "$sum"
   stamp ncu | tee -a "$sum"
+  ROUNDS=1 AB_TIMEOUT=60 bash bench/ab.sh "MOEPLUG_GPU_FAMILY=stream" "MOEPLUG_GPU_FAMILY=wgmma" \
+    "MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_N=256" -- --ms 128,256,512 2>&1 | tail -17 | tee -a "$sum"
+  stamp crossover | tee -a "$sum"
   ;;
 prefetch)
   ROUNDS=2 AB_TIMEOUT=35 bash bench/ab.sh "" "MOEPLUG_STREAM_PREFETCH=2" "MOEPLUG_STREAM_PREFETCH=4" -- \
