@@ -24,6 +24,11 @@ pub const STREAM_MAX_PAIRS_PER_EXPERT: [usize; 2] = [32, 16];
 /// pairs DeepSeek-V3 fp8 takes 5.6 ms on wgmma against 9.3 on stream and gpt-oss bf16 3.1
 /// against 3.5 on tile32; at 16 pairs stream is 1.3-1.6x faster.
 pub const WGMMA_MIN_PAIRS_PER_EXPERT: usize = 32;
+/// 16-bit weights from 16 pairs, since the TMA weight map asks for whole 256-byte rows and
+/// 128 x 256 blocks: at 16 pairs Qwen3 bf16 (M = 256) took 353 us on wgmma against 435 on
+/// stream and gpt-oss bf16 (M = 512) 1978 against 2103; at 8 pairs gpt-oss was 5 % slower
+/// there, Qwen3 4 % faster (bench/NOTES.md, session 11).
+pub const WGMMA_MIN_PAIRS_PER_EXPERT_16BIT: usize = 16;
 /// MXFP4 weights stream through registers one step ahead in the wgmma family, which hides
 /// HBM latency only with enough pairs to reuse them: at 32 pairs gpt-oss took 5.2 ms there
 /// against 2.5 on stream, at 128 pairs 7.7 against 20.9 on tile32 (bench/NOTES.md).
@@ -35,9 +40,10 @@ pub const WGMMA_MIN_PAIRS_PER_EXPERT_FP8_BLOCK: usize = 16;
 
 /// `MOEPLUG_WGMMA_N=128|256`, `MOEPLUG_WGMMA_BM=64|128`, `MOEPLUG_WGMMA_BLOCKS=1|2`:
 /// diagnostic overrides of the wgmma family's block shape and blocks per SM (benchmarks). The
-/// defaults (128 x 128, one block) measured fastest on the H200 at M = 1024 and 4096
-/// (bench/NOTES.md: 64-row tiles 4-40 % slower, 256 weight rows 0-4 % faster on Qwen3 bf16
-/// only).
+/// defaults: 128-row tiles, one block per SM (64-row tiles measured 4-40 % slower), and 256
+/// weight rows where the warp-specialised kernel takes them (16-bit operands: 5-10 % faster
+/// than 128 on Qwen3 and gpt-oss bf16 at M = 1024 / 4096, bench/NOTES.md session 11), else
+/// 128.
 static WGMMA_N_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_N"));
 static WGMMA_BM_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_BM"));
 static WGMMA_BLOCKS_PREFERENCE: Lazy<Option<u32>> =
@@ -48,14 +54,15 @@ static WGMMA_TMA_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLU
 /// `MOEPLUG_WGMMA_WS=0|1`: the warp-specialised persistent kernel (the default where it
 /// covers the configuration) or one block per tile (benchmarks).
 static WGMMA_WS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_WS"));
-/// `MOEPLUG_WGMMA_GROUP=g` (1-1024): the wgmma family takes every column block of g
-/// consecutive sorted tiles before the next g ([`KernelSpec::wgmma_group`]), an A/B switch
-/// not yet measured on a GPU; unset or 0, the default, takes every tile of a column block
-/// first.
+/// `MOEPLUG_WGMMA_GROUP=g` (0-1024): the wgmma family takes every column block of g
+/// consecutive sorted tiles before the next g ([`KernelSpec::wgmma_group`]); 0 takes every
+/// tile of a column block first. The default, 8, measured 2-7 % faster than 0 at M = 1024 /
+/// 4096 on every case it runs (bench/NOTES.md, session 11).
+pub const WGMMA_GROUP_DEFAULT: u32 = 8;
 static WGMMA_GROUP_PREFERENCE: Lazy<u32> = Lazy::new(|| {
     env_choice("MOEPLUG_WGMMA_GROUP")
         .filter(|g| *g <= 1024)
-        .unwrap_or(0)
+        .unwrap_or(WGMMA_GROUP_DEFAULT)
 });
 
 fn env_choice(name: &str) -> Option<u32> {
@@ -458,7 +465,8 @@ pub fn spec_for(
     if family == Family::Wgmma {
         // Each step (the diagnostic shape, then TMA, then warp specialisation) is taken only
         // where the family covers the result.
-        let steps: [fn(&mut KernelSpec); 3] = [
+        // The last: 256 weight rows where the warp-specialised kernel takes them.
+        let steps: [fn(&mut KernelSpec); 4] = [
             |s| {
                 s.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(s.wgmma_n);
                 s.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(s.wgmma_bm);
@@ -466,6 +474,11 @@ pub fn spec_for(
             },
             |s| s.wgmma_tma = WGMMA_TMA_PREFERENCE.map_or(true, |v| v == 1),
             |s| s.wgmma_ws = WGMMA_WS_PREFERENCE.map_or(true, |v| v == 1),
+            |s| {
+                if WGMMA_N_PREFERENCE.is_none() && s.wgmma_ws {
+                    s.wgmma_n = 256;
+                }
+            },
         ];
         for step in steps {
             let mut next = spec.clone();
@@ -623,6 +636,7 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
     let wgmma_min = match launch.config.layout.weight_format {
         WeightFormat::Mxfp4 => WGMMA_MIN_PAIRS_PER_EXPERT_MXFP4,
         WeightFormat::Fp8Block128 => WGMMA_MIN_PAIRS_PER_EXPERT_FP8_BLOCK,
+        _ if sixteen_bit => WGMMA_MIN_PAIRS_PER_EXPERT_16BIT,
         _ => WGMMA_MIN_PAIRS_PER_EXPERT,
     };
     if wgmma_ok && pairs_per_expert >= wgmma_min {
