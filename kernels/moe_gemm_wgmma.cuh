@@ -34,8 +34,9 @@
 // - WG_TMA: the weight tile by one TMA copy per stage (no swizzle, [chunk][row] core
 //   matrices), completing on the stage's mbarrier; activations as above.
 // - WG_WS (needs WG_TMA): warp-specialised and persistent, moe_gemm_wg_ws below.
-// Measured on the H200 (bench/NOTES.md, session 4): the L2's tag lookups bind these kernels;
-// TMA gained 4-16 %, warp specialisation 3-10 % at M = 1024.
+// Measured on the H200 (bench/NOTES.md): warp specialisation 3-10 % at M = 1024 (session 4);
+// TMA boxes whose innermost row is 256 bytes, not 16, cut the L2 requests 4.6x and made the
+// TMA configurations 1.2-1.5x faster (session 11).
 //
 // From spec.rs: WG_N (weight rows per warpgroup MMA: 128 or 256), WG_STAGES (ring depth),
 // WG_SMEM_BYTES (the dynamic shared memory the host launches with), WG_MIN_BLOCKS (blocks per
