@@ -145,6 +145,20 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(wide);
+                                // The warp-specialised kernel (TMA weights), the default
+                                // wherever it covers a configuration (fp8 block-128 at
+                                // M >= 1024 runs it): that variant of every configuration
+                                // without it.
+                                let specialised = (family == Family::Wgmma && !spec.wgmma_ws)
+                                    .then(|| KernelSpec {
+                                        wgmma_tma: true,
+                                        wgmma_ws: true,
+                                        wgmma_bm: 128,
+                                        wgmma_blocks: 1,
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(specialised);
                                 // MOEPLUG_STREAM_PREFETCH (opt-in) on the other stream
                                 // configurations, rotated: one step with K split 2 (the host
                                 // emulation's K, 256 / 96, then reaches past the distance in
