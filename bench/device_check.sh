@@ -9,6 +9,10 @@ what=${1:-both}; shift || true
 export MOEPLUG_LIBRARY=${MOEPLUG_LIBRARY:-$PWD/target/release/libmoeplug.so} PYTHONUNBUFFERED=1
 export MOEPLUG_CACHE_DIR=/tmp/moeplug-cache
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+# tests/gpu/test_selftest.py runs the `moeplug` CLI next to the library: carry both.
+if [ "$what" != kit ] && [ ! -x "$(dirname "$MOEPLUG_LIBRARY")/moeplug" ]; then
+  echo "warning: no moeplug CLI next to $MOEPLUG_LIBRARY: the self-test tests that run it will fail (carry target/release/moeplug)"
+fi
 if [ "$what" != kit ] && [ "${SUITE_JOBS:-1}" -gt 1 ]; then
   # SUITE_JOBS pytest processes at once on the one GPU, each a contiguous run of the suite's
   # test ids (neighbouring tests share kernel configurations: each is compiled by one process,
