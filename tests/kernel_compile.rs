@@ -73,6 +73,7 @@ fn every_selectable_kernel_compiles_without_spills() {
                         .collect();
                     println!("compiled {what}: {}", line.join(", "));
                     failures.extend(usage_problems(&what, &usage));
+                    failures.extend(serialized_wgmma(&what, &c.log));
                 }
             }
         }
@@ -139,6 +140,17 @@ fn dump() {
     let out = std::env::var("MOEPLUG_DUMP_CUBIN").expect("MOEPLUG_DUMP_CUBIN");
     std::fs::write(format!("{out}.cubin"), &c.binary).unwrap();
     println!("{}", c.log);
+}
+
+/// ptxas's advisory C7514, "wgmma.mma_async instructions are serialized": it waits for every
+/// wgmma before the next (an accumulator read or written by other instructions while a wgmma
+/// group is in flight), which costs the overlap the family is built on. Session 11 found it
+/// on a two-partial-sum fp8 loop (bench/patches/wgmma-fp8-pingpong.patch).
+fn serialized_wgmma(what: &str, log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| l.contains("C7514") || l.contains("are serialized"))
+        .map(|l| format!("{what}: {}", l.trim()))
+        .collect()
 }
 
 /// What the ptxas report of one configuration must not show: no report, a spill, a stack frame.
