@@ -135,9 +135,10 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(grouped);
-                                // MOEPLUG_WGMMA_N=256 (128 x 256 blocks, an opt-in): that
-                                // variant of every wgmma configuration that takes it, with
-                                // its TMA and warp specialisation as they are.
+                                // 128 x 256 blocks (the default where warp-specialised,
+                                // else MOEPLUG_WGMMA_N=256): that variant of every wgmma
+                                // configuration that takes it, TMA and warp specialisation
+                                // as they are.
                                 let wide = (family == Family::Wgmma && spec.wgmma_n == 128)
                                     .then(|| KernelSpec {
                                         wgmma_n: 256,
