@@ -7,16 +7,10 @@
 #   splitk: each stream stage's K split on its own, M = 1-256
 #   final: suite, kit, and the new K split against target/old at M = 2, 16, 32, 128
 #   mxfp4: the fill-every-slot rule for MXFP4 against target/fit1 at M = 1, 2, 4
-set -uo pipefail
-export MOEPLUG_CACHE_DIR=/tmp/moeplug-cache PYTHONUNBUFFERED=1
-t0=$(date +%s)
-stamp() { echo "--- $1 at $(( $(date +%s) - t0 )) s"; }
+source "$(dirname "$0")/dev_common.sh"
 case ${1:-suite} in
 suite)
-  SUITE_JOBS=8 SUITE_TIMEOUT=330 bash bench/device_check.sh suite
-  stamp suite
-  KIT_TIMEOUT=200 bash bench/device_check.sh kit
-  stamp kit
+  suite_and_kit
   ;;
 ab)
   ROUNDS=2 AB_TIMEOUT=100 bash bench/ab.sh "" "MOEPLUG_STREAM_SPLIT_K=4" "MOEPLUG_STREAM_SPLIT_K=2" \
@@ -41,10 +35,7 @@ splitk)
 final)
   # The fitted K split: whole suite, kit with peers, and an A/B against the previous split
   # (target/old) at M the fit never saw.
-  SUITE_JOBS=8 SUITE_TIMEOUT=330 bash bench/device_check.sh suite
-  stamp suite
-  KIT_TIMEOUT=200 bash bench/device_check.sh kit
-  stamp kit
+  suite_and_kit
   ROUNDS=2 AB_TIMEOUT=60 bash bench/ab.sh "MOEPLUG_LIBRARY=$PWD/target/old/libmoeplug.so" "" -- \
     --ms 2,16,32,128 2>&1 | tail -22
   stamp heldout

@@ -8,10 +8,7 @@
 #   prefetch: the stream L2 prefetch at M = 1-256 with the longer walks
 #   ncu:   Nsight Compute of the peer's GEMM kernel and ours at M = 4096 (bench/ncu_peer.sh)
 #   suite: the whole GPU suite (8 processes) and the kit with peers on target/release
-set -uo pipefail
-export MOEPLUG_CACHE_DIR=/tmp/moeplug-cache PYTHONUNBUFFERED=1
-t0=$(date +%s)
-stamp() { echo "--- $1 at $(( $(date +%s) - t0 )) s"; }
+source "$(dirname "$0")/dev_common.sh"
 case ${1:-suite} in
 ab)
   # 128 x 256 blocks (warp-specialised, setmaxnreg) and the grouped order: correctness first,
@@ -70,9 +67,6 @@ ncu)
   stamp ncu-dsv3
   ;;
 suite)
-  SUITE_JOBS=8 SUITE_TIMEOUT=330 bash bench/device_check.sh suite
-  stamp suite
-  KIT_TIMEOUT=200 bash bench/device_check.sh kit
-  stamp kit
+  suite_and_kit
   ;;
 esac
