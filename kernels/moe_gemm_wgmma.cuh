@@ -56,6 +56,9 @@
 #ifndef WG_GROUP
 #define WG_GROUP 0
 #endif
+#ifndef WG_RS
+#define WG_RS 0
+#endif
 #if WG_STAGES < 3
 #error "the ring needs 3 stages (copies run WG_STAGES - 2 steps ahead)"
 #endif
@@ -63,11 +66,15 @@
 #define WG_B_ROWS (BM == 128 ? WG_N : 2 * WG_N)  // weight rows of a block
 #define WG_A_BYTES (BM * WG_ROW)         // activation tile of one stage
 #define WG_B_BYTES (WG_B_ROWS * WG_ROW)  // weight tile of one stage
-#define WG_STAGE_BYTES (WG_A_BYTES + WG_B_BYTES)
+// WG_RS: the weights never pass through shared memory, a stage is the activation tile alone.
+#define WG_STAGE_BYTES (WG_RS ? WG_A_BYTES : WG_A_BYTES + WG_B_BYTES)
 #define WG_ESIZE (ACT_Q ? 1 : 2)     // operand bytes per value
 #define WG_MX4 (WFMT == WF_MXFP4)    // weights decoded to bf16 into the weight tile
 #if WG_MX4 && (ACT_Q || ACT_F16 || WG_B_ROWS != 128)
 #error "MXFP4 weights: bf16 activations, 128 weight rows per block (one pack per thread)"
+#endif
+#if WG_RS && (!WG_MX4 || BM != 128 || WG_N != 128 || WG_TMA)
+#error "register-operand weights: MXFP4 on 128 x 128 blocks, without TMA"
 #endif
 #if WG_TMA && (WLAYOUT != WL_AITER_16X16 || BM != 128 || WG_MX4)
 #error "TMA weight tiles: AITER 16x16 weights of a 16-bit or fp8 format, 128-row tiles"
@@ -343,6 +350,41 @@ __device__ __forceinline__ void wg_order(int w, int tiles, int nblk, int& tile, 
 #endif
 }
 
+// This thread's share of a tile's activation rows, for the kernels whose 256 threads all copy:
+// rows (tid >> 3) + 32 i (i < WG_A_CHUNKS), 16-byte chunk tid & 7 of each K step, gathered
+// through the sorted index (s_row) and zero-filled for padding rows and columns past K.
+template <bool GATED>
+struct WgActCopies {
+  const u8* src[WG_A_CHUNKS];
+  __device__ WgActCopies(const Params& p, const int* s_row, int K) {
+#pragma unroll
+    for (int i = 0; i < WG_A_CHUNKS; ++i) {
+      int q = s_row[(threadIdx.x >> 3) + 32 * i];
+      src[i] = nullptr;
+      if (q >= 0) {
+#if ACT_Q
+        i64 row = GATED ? q / p.topk : q;
+        src[i] = (const u8*)(GATED ? p.xq : p.aq) + row * K;
+#else
+        src[i] = GATED ? (const u8*)p.x + (i64)(q / p.topk) * p.x_cols * 2
+                       : (const u8*)p.inter + (i64)q * p.I * 2;
+#endif
+      }
+    }
+  }
+  // Step ks's copies into the tile at `sa` (128-byte rows, 128-byte swizzle).
+  __device__ __forceinline__ void copy(const Params& p, u32 sa, int ks, i64 kbytes) const {
+    int tid = threadIdx.x, c = tid & 7;
+#pragma unroll
+    for (int i = 0; i < WG_A_CHUNKS; ++i) {
+      i64 off = (i64)ks * WG_ROW + c * 16;
+      bool ok = src[i] && off < kbytes;
+      cp_async16(sa + swz((tid >> 3) + 32 * i, c), ok ? src[i] + off : (const u8*)p.x,
+                 ok ? 16 : 0);
+    }
+  }
+};
+
 template <bool GATED>
 __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   extern __shared__ u8 wg_smem_raw[];
@@ -384,23 +426,8 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
 #endif
   __syncthreads();
 
-  // This thread's copies: activation rows ar + 32 i, chunk ac; weight rows br(i), chunk bc.
-  const u8* asrc[WG_A_CHUNKS];
-  int ac = tid & 7;
-#pragma unroll
-  for (int i = 0; i < WG_A_CHUNKS; ++i) {
-    int q = s_row[(tid >> 3) + 32 * i];
-    asrc[i] = nullptr;
-    if (q >= 0) {
-#if ACT_Q
-      i64 row = GATED ? q / p.topk : q;
-      asrc[i] = (const u8*)(GATED ? p.xq : p.aq) + row * K;
-#else
-      asrc[i] = GATED ? (const u8*)p.x + (i64)(q / p.topk) * p.x_cols * 2
-                      : (const u8*)p.inter + (i64)q * p.I * 2;
-#endif
-    }
-  }
+  // This thread's copies: activation rows (tid >> 3) + 32 i; weight rows br(i), chunk bc.
+  WgActCopies<GATED> acts(p, s_row, K);
   // AITER 16x16: 16 rows of one 16-byte chunk column are 256 contiguous bytes; a thread takes
   // rows (tid & 15) of 16-row groups (tid >> 7) + 2 i, chunk (tid >> 4) & 7.
   const u8* bsrc[WG_B_CHUNKS];
@@ -460,13 +487,7 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
 
   auto load_step = [&](int ks) {
     u32 sa = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES, sb = sa + WG_A_BYTES;
-#pragma unroll
-    for (int i = 0; i < WG_A_CHUNKS; ++i) {
-      i64 off = (i64)ks * WG_ROW + ac * 16;
-      bool ok = asrc[i] && off < kbytes;
-      cp_async16(sa + swz((tid >> 3) + 32 * i, ac), ok ? asrc[i] + off : (const u8*)p.x,
-                 ok ? 16 : 0);
-    }
+    acts.copy(p, sa, ks, kbytes);
 #if WG_TMA
     if (tid == 0) {
       u32 bar = full0 + 8 * (ks % WG_STAGES);
@@ -546,6 +567,165 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   int rows[2] = {s_row[a_row0 + 16 * warp + gid], s_row[a_row0 + 16 * warp + gid + 8]};
   wg_epilogue<GATED>(p, e, n0, b_row0, tig, rows, acc);
 }
+
+#if WG_RS
+// MXFP4 weights as wgmma's register operand (WG_RS): the block's 128 weight rows go on the
+// MMA's 64-row side (64 per warpgroup) and its 128 sorted rows on N, so the weights never pass
+// through shared memory. The SS kernel above decodes each step's weight tile into shared
+// memory, where the two warpgroups then read it once each: per step 16 KiB written and 32 KiB
+// read on top of the activations' 16 KiB written and 16 KiB read, which holds the SM's shared
+// memory near its 128 bytes per clock and the tensor pipe at a third (bench/NOTES.md, session
+// 12). Here each thread loads the 16-byte packs of its two weight rows straight from global
+// memory two steps ahead (the quad of a row loads the same pack and keeps byte tig of each
+// word: the codes of its A fragment), decodes them in registers (mx_bf16.cuh) and issues
+// m64n128k16 with A from registers; only the activation tile is in the ring.
+//
+// A thread's rows (warp w, lane 4 gid + tig of warpgroup g): stage 1 rows gid and gid + 8 of
+// the warp's 16 are the gate and up rows of column n0 + 32 g + 8 w + gid (the epilogue pairs
+// them in-thread); stage 2 they are columns n0 + 64 g + 16 w + gid + 8 h.
+
+// The 16-byte packs (32 codes) of one step for the thread's two rows, and their e8m0 scales.
+struct WgRsPacks {
+  uint4 raw[2][2];  // [row h][pack j]: columns 64 ks + 32 j ..
+  u32 scale[2][2];
+};
+
+// Byte tig of each word of a pack, as one word: codes 2 tig, 2 tig + 1 (+ 8, 16, 24) of the 32.
+__device__ __forceinline__ u32 wg_rs_codes(uint4 v, int tig) {
+  u32 sel = (u32)tig | (u32)(tig + 4) << 4;
+  return __byte_perm(__byte_perm(v.x, v.y, sel), __byte_perm(v.z, v.w, sel), 0x5410);
+}
+
+template <bool GATED>
+__device__ void moe_gemm_wg_rs(const Params& p) {
+  extern __shared__ u8 wg_smem_raw[];
+  __shared__ int s_row[BM];
+  int tile, nb;
+  wg_order(blockIdx.y * gridDim.x + blockIdx.x, gridDim.x, gridDim.y, tile, nb);
+  if (tile >= *(const int*)p.total_tiles) return;  // empty tile: exit before any load
+  int e = ((const int*)p.tile_expert)[tile];
+  int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  int gid = lane >> 2, tig = lane & 3;
+  int n0 = nb * (GATED ? WG_COLS1 : WG_COLS2);
+  if (tid < BM) s_row[tid] = ((const int*)p.sorted_rows)[tile * BM + tid];
+  u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;  // the swizzle needs 1024-aligned tiles
+
+  int K = GATED ? p.H : p.I;
+  int Kst = GATED ? p.Hp : p.Ip;
+  int Nst = GATED ? 2 * p.Ip : p.Hp;
+  i64 wrow_bytes = (i64)Kst / 2;
+  const u8* W = (const u8*)(GATED ? p.w13 : p.w2) + (i64)e * Nst * wrow_bytes;
+  const u8* S = (const u8*)(GATED ? p.w13_scale : p.w2_scale);
+  i64 kbytes = (i64)K * 2;
+  int nk = (K + WG_KSTEP - 1) / WG_KSTEP;
+  __syncthreads();
+  WgActCopies<GATED> acts(p, s_row, K);
+
+  // This thread's weight rows h = 0, 1 (physical rows of the expert) and their first packs.
+  int col = GATED ? n0 + 32 * wg + 8 * warp + gid : n0 + 64 * wg + 16 * warp + gid;
+  int wrow[2];
+  bool wok[2];
+  const u8* wsrc[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    int c = GATED ? col : col + 8 * h;
+    wok[h] = c < (GATED ? p.I : p.H);
+    wrow[h] = GATED ? (h == 0 ? gate_row(c, p.Ip) : up_row(c, p.Ip)) : c;
+#if WLAYOUT == WL_AITER_16X16
+    wsrc[h] = W + (i64)(wrow[h] >> 4) * (wrow_bytes / 16) * 256 + (wrow[h] & 15) * 16;
+#else
+    wsrc[h] = W + (i64)wrow[h] * wrow_bytes;
+#endif
+  }
+  const int pstride = WLAYOUT == WL_AITER_16X16 ? 256 : 16;  // bytes between a row's packs
+  auto fetch = [&](int ks, WgRsPacks& m) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        int kc = 2 * ks + j;
+        bool ok = wok[h] && kc * 32 < K;
+        m.raw[h][j] = ok ? *(const uint4*)(wsrc[h] + (i64)kc * pstride) : make_uint4(0u, 0u, 0u, 0u);
+        m.scale[h][j] = ok ? S[mx_scale_offset(e, wrow[h], Nst, kc, Kst >> 5)] : 127u;
+      }
+  };
+  // a[kk][r]: the A fragment of K slice kk (16 columns) of the step (mma_sm90.cuh).
+  auto decode = [&](const WgRsPacks& m, u32 (&a)[4][4]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        u32 f1, f2, o[4];
+        mx_factors(m.scale[h][j], f1, f2);
+        mx_e2m1_word(wg_rs_codes(m.raw[h][j], tig), f1, f2, m.scale[h][j] > 128u, o);
+        a[2 * j][h] = o[0];  // columns 2 tig, 2 tig + 1 of slice 2 j
+        a[2 * j][2 + h] = o[1];  // + 8
+        a[2 * j + 1][h] = o[2];
+        a[2 * j + 1][2 + h] = o[3];
+      }
+  };
+
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < WG_STAGES - 2; ++s) {
+    if (s < nk) acts.copy(p, base + (u32)s * WG_STAGE_BYTES, s, kbytes);
+    cp_async_commit();
+  }
+  WgRsPacks packs[2];
+  fetch(0, packs[0]);
+  if (nk > 1) fetch(1, packs[1]);
+  // One step: its fragments from the packs fetched two steps before, then the packs of step
+  // ks + 2 into the same registers, then the MMAs. Two register sets of fragments alternate,
+  // so a step's decode never writes the registers of the MMAs still in flight (step ks - 1);
+  // wgmma_wait<1> at the end retires step ks - 1 before step ks + 1 rewrites its set.
+  auto step = [&](int ks, WgRsPacks& m, u32 (&a)[4][4]) {
+    decode(m, a);
+    if (ks + 2 < nk) fetch(ks + 2, m);
+    cp_async_wait<WG_STAGES - 3>();  // this thread's activation copies of step ks have landed
+    fence_proxy_async();
+    __syncthreads();  // everyone's have; and both warpgroups are done with step ks - 2's stage
+    if (ks + WG_STAGES - 2 < nk)
+      acts.copy(p, base + (u32)((ks + WG_STAGES - 2) % WG_STAGES) * WG_STAGE_BYTES,
+                ks + WG_STAGES - 2, kbytes);
+    cp_async_commit();
+    u32 sa = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES;
+    wgmma_fence();  // the fragments were just written
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_bf16_rs_n128(acc, a[kk], wgmma_desc(sa + 32 * kk), 1);
+    wgmma_commit();
+    wgmma_wait<1>();
+  };
+  u32 frag0[4][4], frag1[4][4];
+  int ks = 0;
+  for (; ks + 1 < nk; ks += 2) {
+    step(ks, packs[0], frag0);
+    step(ks + 1, packs[1], frag1);
+  }
+  if (ks < nk) step(ks, packs[0], frag0);
+  wgmma_wait<0>();
+  cp_async_wait<0>();
+
+  // acc[4 j + c]: weight row 16 warp + gid + 8 (c >> 1) of the warpgroup's 64, sorted row
+  // 8 j + 2 tig + (c & 1) of the tile.
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      int q = s_row[8 * j + 2 * tig + c];
+      if (q < 0) continue;
+      float w = ((const float*)p.topk_weights)[q];
+      if (GATED) {
+        if (wok[0]) store_gated(p, e, q, col, acc[4 * j + c], acc[4 * j + 2 + c], w);
+      } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          if (wok[h]) store_down(p, e, q, col + 8 * h, acc[4 * j + 2 * h + c], w);
+      }
+    }
+}
+#endif
 
 
 #if WG_WS
@@ -759,6 +939,13 @@ MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS)
 MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS)
     moe_stage2(Params p, const __grid_constant__ WgTmaMap wmap) {
   moe_gemm_wg<false>(p, &wmap);
+}
+#elif WG_RS
+MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS) moe_stage1(Params p) {
+  moe_gemm_wg_rs<true>(p);
+}
+MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS) moe_stage2(Params p) {
+  moe_gemm_wg_rs<false>(p);
 }
 #else
 MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS) moe_stage1(Params p) {

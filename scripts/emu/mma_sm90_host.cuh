@@ -18,6 +18,10 @@
 //     of K lie in one row); the 16-byte chunk bits [4:6] of the address are XORed with its
 //     row bits [7:9]. Only base offset 0 with a start address at row 0 of an atom (address
 //     bits [7:9] zero) is emulated: where those differ the ISA's variants would disagree.
+// The register-operand form ... d, {a0, a1, a2, a3}, b-desc, scale-d, 1, 1, 0 (16-bit A from
+//   registers, no A transpose): element (m, k) of A is half k % 2 of register
+//   (m % 16) / 8 + 2 ((k % 16) / 8) of thread 32 (m / 16) + 4 (m % 8) + (k % 8) / 2 (ISA
+//   "Register fragment for matrix A", the m16n8k16 A fragment on each warp's 16 rows).
 // Accumulator fragment (ISA "Matrix Fragments for wgmma .m64nNk16 / .m64nNk32", the same for
 //   both): thread t of the warpgroup, warp w = t / 32, lane = t % 32 = 4 gid + tig, holds
 //   d[i] = D[16 w + gid + 8 ((i % 4) / 2)][8 (i / 4) + 2 tig + (i % 2)], i < N / 2.
@@ -28,7 +32,9 @@
 //     copy reads its global source then;
 //   - wgmma.mma_async reads its operands and writes d when wgmma.wait_group N leaves at most N
 //     of the thread's groups pending, after all 128 threads of the warpgroup reached that wait
-//     (which also checks that they issued the same descriptors, kinds and scale-d);
+//     (which also checks that they issued the same descriptors, kinds and scale-d); A from
+//     registers is read then too, from the registers every thread named at issue, so a
+//     kernel that rewrites them before the wait gets the wrong products;
 //   - wgmma.fence, fence.proxy.async: no-ops (one proxy, no reordering here).
 // Products are summed in double and rounded once: the hardware's fp32 sums differ from it by
 // rounding only, far inside the check's tolerance.
@@ -80,8 +86,10 @@ struct EmuWgmma {
   float* d;
   u64 da, db;
   int scale_d, kind, n;
+  const unsigned* a;  // the register-operand form: this thread's A registers, else null
   bool operator!=(const EmuWgmma& o) const {
-    return da != o.da || db != o.db || scale_d != o.scale_d || kind != o.kind || n != o.n;
+    return (a ? o.a == nullptr : da != o.da || o.a != nullptr) || db != o.db ||
+           scale_d != o.scale_d || kind != o.kind || n != o.n;
   }
 };
 inline thread_local std::vector<EmuWgmma> emu_wg_open;
@@ -115,15 +123,27 @@ static inline float emu_wg_element(unsigned addr, int kind) {
   return kind == EMU_WG_F16 ? emu_f16(h) : emu_bf16(h);
 }
 
-// This thread's fragment of one wgmma: rows 16 w + gid + 8 h of A (h = 0, 1) against columns
-// 8 j + 2 tig + c of B (j < N / 8, c = 0, 1), each operand element decoded once.
-static inline void emu_wgmma_run(const EmuWgmma& op, int t) {
+// Element (m, k) of a register A operand: the registers thread t' of warpgroup wg named in its
+// op-th operation of the completing groups.
+static inline float emu_wg_register_a(int wg, size_t op, int m, int k, int kind) {
+  int t = 32 * (m / 16) + 4 * (m % 8) + (k % 8) / 2;
+  unsigned r = emu_wg_done[wg][t][op].a[(m % 16) / 8 + 2 * ((k % 16) / 8)];
+  u16 h = (u16)(r >> (16 * (k % 2)));
+  return kind == EMU_WG_F16 ? emu_f16(h) : emu_bf16(h);
+}
+
+// This thread's fragment of one wgmma (the op-th of those completing for warpgroup wg): rows
+// 16 w + gid + 8 h of A (h = 0, 1) against columns 8 j + 2 tig + c of B (j < N / 8, c = 0, 1),
+// each operand element decoded once.
+static inline void emu_wgmma_run(const EmuWgmma& op, int wg, size_t index, int t) {
   int esize = op.kind == EMU_WG_E4M3 ? 1 : 2, K = 32 / esize;
   int w = t / 32, lane = t % 32, gid = lane / 4, tig = lane % 4;
   float a[2][32], b[64][32];
+  if (op.a && esize != 2) emu_fail("wgmma: register A operand of 8-bit type (not emulated)", esize);
   for (int h = 0; h < 2; ++h)
     for (int k = 0; k < K; ++k)
-      a[h][k] = emu_wg_element(emu_desc_addr(op.da, 16 * w + gid + 8 * h, k, esize), op.kind);
+      a[h][k] = op.a ? emu_wg_register_a(wg, index, 16 * w + gid + 8 * h, k, op.kind)
+                     : emu_wg_element(emu_desc_addr(op.da, 16 * w + gid + 8 * h, k, esize), op.kind);
   for (int j = 0; j < op.n / 8; ++j)
     for (int c = 0; c < 2; ++c)
       for (int k = 0; k < K; ++k)
@@ -139,8 +159,9 @@ static inline void emu_wgmma_run(const EmuWgmma& op, int t) {
   }
 }
 
-static inline void emu_wgmma(float* d, u64 da, u64 db, int scale_d, int kind, int n) {
-  emu_wg_open.push_back({d, da, db, scale_d != 0, kind, n});
+static inline void emu_wgmma(float* d, u64 da, u64 db, int scale_d, int kind, int n,
+                             const unsigned* a = nullptr) {
+  emu_wg_open.push_back({d, da, db, scale_d != 0, kind, n, a});
   ++emu_async_pending;
 }
 static inline void emu_wgmma_commit() {
@@ -161,8 +182,8 @@ static inline void emu_wgmma_wait(int n) {
     emu_fail("wgmma: threads of a warpgroup complete different counts", done.size());
   for (size_t i = 0; i < done.size(); ++i)
     if (done[i] != first[i]) emu_fail("wgmma: operands differ across the warpgroup", i);
-  for (const EmuWgmma& op : done) {
-    emu_wgmma_run(op, t);
+  for (size_t i = 0; i < done.size(); ++i) {
+    emu_wgmma_run(done[i], wg, i, t);
     --emu_async_pending;
   }
   // The MMAs are complete (every thread's share of their operand reads done, as on the GPU,
@@ -188,6 +209,9 @@ EMU_WGMMA_FORM(bf16, EMU_WG_BF16, 256)
 EMU_WGMMA_FORM(f16, EMU_WG_F16, 256)
 EMU_WGMMA_FORM(e4m3, EMU_WG_E4M3, 256)
 #undef EMU_WGMMA_FORM
+static inline void wgmma_bf16_rs_n128(float* d, const u32* a, u64 db, int accumulate) {
+  emu_wgmma(d, 0, db, accumulate, EMU_WG_BF16, 128, a);
+}
 
 // ---- mbarrier, cp.async.bulk.tensor (TMA), cp.async.mbarrier.arrive.noinc ---------------------
 // An mbarrier (PTX ISA "Parallel Synchronization and Communication Instructions: mbarrier"):

@@ -72,6 +72,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 wgmma_blocks: [1, 2][(chosen / 4) % 2],
                                 wgmma_tma: (chosen / 8) % 2 == 0,
                                 wgmma_ws: (chosen / 16) % 2 == 0,
+                                wgmma_rs: false, // the MXFP4 default; below
                                 wgmma_group: 0, // ungrouped (MOEPLUG_WGMMA_GROUP=0); grouped below
                                 // the default where the family has it (heuristics)
                                 fused_combine: family.fuses_combine(),
@@ -160,6 +161,17 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(specialised);
+                                // MXFP4 weights as the register operand (the default where
+                                // it applies), in the default's grouped order (groups of 3,
+                                // as above): that variant of every configuration it takes.
+                                let register_weights = (family == Family::Wgmma)
+                                    .then(|| KernelSpec {
+                                        wgmma_rs: true,
+                                        wgmma_group: 3,
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(register_weights);
                                 // MOEPLUG_STREAM_PREFETCH (opt-in) on the other stream
                                 // configurations, rotated: one step with K split 2 (the host
                                 // emulation's K, 256 / 96, then reaches past the distance in

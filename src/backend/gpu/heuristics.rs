@@ -54,6 +54,9 @@ static WGMMA_TMA_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLU
 /// `MOEPLUG_WGMMA_WS=0|1`: the warp-specialised persistent kernel (the default where it
 /// covers the configuration) or one block per tile (benchmarks).
 static WGMMA_WS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_WS"));
+/// `MOEPLUG_WGMMA_RS=0|1`: MXFP4 weights as the register operand of wgmma (the default) or
+/// decoded into a shared-memory weight tile (benchmarks).
+static WGMMA_RS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_RS"));
 /// `MOEPLUG_WGMMA_GROUP=g` (0-1024): the wgmma family takes every column block of g
 /// consecutive sorted tiles before the next g ([`KernelSpec::wgmma_group`]); 0 takes every
 /// tile of a column block first. The default, 8, measured 2-7 % faster than 0 at M = 1024 /
@@ -362,6 +365,10 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
     if spec.wgmma_ws && (!spec.wgmma_tma || spec.wgmma_blocks != 1) {
         return Some("the warp-specialised kernel takes TMA weight tiles, one block per SM");
     }
+    // Each thread decodes the packs of two weight rows into its A fragments.
+    if spec.wgmma_rs && (spec.weight_format != WeightFormat::Mxfp4 || spec.wgmma_tma) {
+        return Some("register-operand weights: MXFP4 only, without TMA");
+    }
     None
 }
 
@@ -465,8 +472,9 @@ pub fn spec_for(
     if family == Family::Wgmma {
         // Each step (the diagnostic shape, then TMA, then warp specialisation) is taken only
         // where the family covers the result.
-        // The last: 256 weight rows where the warp-specialised kernel takes them.
-        let steps: [fn(&mut KernelSpec); 4] = [
+        // Then 256 weight rows where the warp-specialised kernel takes them; the last: MXFP4
+        // weights as the register operand.
+        let steps: [fn(&mut KernelSpec); 5] = [
             |s| {
                 s.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(s.wgmma_n);
                 s.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(s.wgmma_bm);
@@ -479,6 +487,7 @@ pub fn spec_for(
                     s.wgmma_n = 256;
                 }
             },
+            |s| s.wgmma_rs = WGMMA_RS_PREFERENCE.map_or(true, |v| v == 1),
         ];
         for step in steps {
             let mut next = spec.clone();

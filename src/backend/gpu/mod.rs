@@ -816,6 +816,7 @@ fn default_spec() -> spec::KernelSpec {
         wgmma_blocks: 1,
         wgmma_tma: false,
         wgmma_ws: false,
+        wgmma_rs: false,
         wgmma_group: 0,
         fused_combine: false,
     }

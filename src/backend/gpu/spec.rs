@@ -198,6 +198,10 @@ pub struct KernelSpec {
     /// Wgmma family: a producer warpgroup fills the ring while two consumer warpgroups
     /// multiply, persistent over the tiles (`WG_WS`).
     pub wgmma_ws: bool,
+    /// Wgmma family, MXFP4 weights: decoded in registers and fed as the register operand of
+    /// wgmma (the weights on the MMA's 64-row side, the sorted rows on N), so that only the
+    /// activations pass through shared memory (`WG_RS`).
+    pub wgmma_rs: bool,
     /// Wgmma family: the order of the (tile, column block) work (`WG_GROUP`): 0 takes every
     /// tile of a column block before the next column block; g > 0 takes every column block of
     /// g consecutive tiles before the next g tiles, so a tile's activation rows are read again
@@ -237,6 +241,7 @@ impl KernelSpec {
             wgmma_blocks: 1,
             wgmma_tma: false,
             wgmma_ws: false,
+            wgmma_rs: false,
             wgmma_group: 0,
             fused_combine: false,
         }
@@ -316,23 +321,37 @@ impl KernelSpec {
         }
     }
 
-    /// Wgmma family: stages of its cp.async ring, as many as the SM's 227 KiB of shared
-    /// memory holds for `wgmma_blocks` blocks (at most 5).
-    fn wgmma_stages(&self) -> usize {
-        let stage = (self.wgmma_bm as usize + self.wgmma_block_rows()) * 128;
-        let per_block = 227 * 1024 / self.wgmma_blocks.max(1) as usize - 1024;
-        (per_block / stage).min(if self.wgmma_ws { 6 } else { 5 })
+    /// Wgmma family: bytes of one ring stage, the tile's activation rows and (unless the
+    /// weights are the register operand) the block's weight rows, 128 bytes each.
+    fn wgmma_stage_bytes(&self) -> usize {
+        let weight_rows = if self.wgmma_rs {
+            0
+        } else {
+            self.wgmma_block_rows()
+        };
+        (self.wgmma_bm as usize + weight_rows) * 128
     }
 
-    /// Dynamic shared memory of each GEMM block: the wgmma family's ring (per stage the tile's
-    /// activation rows and the block's weight rows of 128 bytes, plus 1 KiB to align the base);
-    /// the other families' shared memory is static, under the 48 KiB default.
+    /// Wgmma family: stages of its cp.async ring, as many as the SM's 227 KiB of shared
+    /// memory holds for `wgmma_blocks` blocks (at most 5; 6 warp-specialised; 8 with register
+    /// weights, whose 16 KiB stages are the only copies in flight).
+    fn wgmma_stages(&self) -> usize {
+        let per_block = 227 * 1024 / self.wgmma_blocks.max(1) as usize - 1024;
+        let most = if self.wgmma_rs {
+            8
+        } else if self.wgmma_ws {
+            6
+        } else {
+            5
+        };
+        (per_block / self.wgmma_stage_bytes()).min(most)
+    }
+
+    /// Dynamic shared memory of each GEMM block: the wgmma family's ring, plus 1 KiB to align
+    /// the base; the other families' shared memory is static, under the 48 KiB default.
     pub fn dynamic_shared_bytes(&self) -> usize {
         match self.family {
-            Family::Wgmma => {
-                self.wgmma_stages() * (self.wgmma_bm as usize + self.wgmma_block_rows()) * 128
-                    + 1024
-            }
+            Family::Wgmma => self.wgmma_stages() * self.wgmma_stage_bytes() + 1024,
             _ => 0,
         }
     }
@@ -427,6 +446,7 @@ impl KernelSpec {
             d.push(format!("WG_MIN_BLOCKS={}", self.wgmma_blocks));
             d.push(format!("WG_TMA={}", b(self.wgmma_tma)));
             d.push(format!("WG_WS={}", b(self.wgmma_ws)));
+            d.push(format!("WG_RS={}", b(self.wgmma_rs)));
             d.push(format!("WG_GROUP={}", self.wgmma_group));
         }
         d
