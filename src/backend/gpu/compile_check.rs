@@ -73,7 +73,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 wgmma_tma: (chosen / 8) % 2 == 0,
                                 wgmma_ws: (chosen / 16) % 2 == 0,
                                 wgmma_rs: false, // the MXFP4 default; below
-                                wgmma_group: 0, // ungrouped (MOEPLUG_WGMMA_GROUP=0); grouped below
+                                wgmma_group: 0,  // ungrouped (MOEPLUG_WGMMA_GROUP=0); grouped below
                                 // the default where the family has it (heuristics)
                                 fused_combine: family.fuses_combine(),
                             };
