@@ -23,34 +23,41 @@ rerun7)
   ;;
 rs)
   # MXFP4 weights as wgmma's register operand (WG_RS): the wgmma tests of every MXFP4 shape
-  # with it, the cp.async kernel's tests (the shared activation copies) with the old MXFP4
-  # path, then the A/B against it and the stream family, the peer next to it, racecheck.
-  run_tests() {  # label, env, pytest args
-    local label=$1 envs=$2
-    shift 2
-    env $envs MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so timeout "${TEST_TIMEOUT:-100}" python3 -m pytest -q \
+  # with it; the A/B against the shared-memory weight tile, 64-row tiles and the stream
+  # family; the peer alone in the same call; then, as time allows, the 64-row tiles' tests,
+  # the cp.async kernel's tests (its activation copies are shared now) and racecheck.
+  deadline=${DEADLINE:-375}
+  fits() { [ $(($(date +%s) - t0 + $1)) -le "$deadline" ]; }
+  run_tests() {  # seconds, label, env, pytest args
+    local secs=$1 label=$2 envs=$3
+    shift 3
+    fits "$secs" || { echo "tests $label: skipped (time)" | tee -a "$sum"; return; }
+    env $envs MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so timeout "$secs" python3 -m pytest -q \
       -p no:cacheprovider -x "$@" >"$OUT/tests_$label.log" 2>&1
     echo "tests $label [$envs]: rc=$? $(tail -1 "$OUT/tests_$label.log")" | tee -a "$sum"
     grep -E "^(FAILED|ERROR)" "$OUT/tests_$label.log" | head -3 | tee -a "$sum"
   }
-  run_tests rs "MOEPLUG_GPU_FAMILY=wgmma" tests/gpu/test_fused_moe.py tests/gpu/test_launch_fields.py \
-    -k "mxfp4 or gpt-oss"
-  TEST_TIMEOUT=70 run_tests ss "MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_TMA=0 MOEPLUG_WGMMA_RS=0" \
-    tests/gpu/test_fused_moe.py -k "deterministic or large_m"
+  run_tests 90 rs "MOEPLUG_GPU_FAMILY=wgmma" tests/gpu/test_fused_moe.py \
+    tests/gpu/test_launch_fields.py -k "mxfp4 or gpt-oss"
   stamp tests | tee -a "$sum"
-  ROUNDS=2 AB_TIMEOUT=60 bash bench/ab.sh "MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_RS=0" \
-    "MOEPLUG_GPU_FAMILY=wgmma" "MOEPLUG_GPU_FAMILY=stream" -- --cases gptoss_mxfp4 \
-    --ms 512,1024,4096 2>&1 | tail -8 | tee -a "$sum"
+  ROUNDS=2 AB_TIMEOUT=50 bash bench/ab.sh "MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_RS=0" \
+    "MOEPLUG_GPU_FAMILY=wgmma" "MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_BM=64" \
+    "MOEPLUG_GPU_FAMILY=stream" -- --cases gptoss_mxfp4 --ms 256,512,1024,4096 2>&1 |
+    tail -12 | tee -a "$sum"
   stamp ab | tee -a "$sum"
-  MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so timeout 80 \
-    python3 .peers/bench_peer.py --peers moeplug,triton_kernels --cases gptoss_mxfp4 \
-    --ms 512,1024,4096 --budget-s 60 --json-out "$OUT/peer_rs.json" 2>&1 | tail -12 | tee -a "$sum"
+  MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so timeout 60 python3 .peers/bench_peer.py \
+    --peers triton_kernels --cases gptoss_mxfp4 --ms 256,512,1024,4096 --budget-s 45 \
+    --json-out "$OUT/peer_mxfp4.json" 2>&1 | tail -9 | tee -a "$sum"
   stamp peer | tee -a "$sum"
-  left=$((375 - $(date +%s) + t0))
-  if [ $left -gt 60 ]; then
+  run_tests 50 rs64 "MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_BM=64" tests/gpu/test_fused_moe.py \
+    -k "mxfp4 and (deterministic or large_m or real_shapes or formats_x)"
+  run_tests 50 ss "MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_TMA=0 MOEPLUG_WGMMA_RS=0" \
+    tests/gpu/test_fused_moe.py -k "deterministic or large_m"
+  stamp more-tests | tee -a "$sum"
+  if fits 70; then
     MOEPLUG_GPU_FAMILY=wgmma SAN_SELECT='test_fused_moe\.py::test_(deterministic|large_m).*mxfp4' \
-      SAN_JOBS=2 SAN_TIMEOUT=$((left - 25)) SHARD=1,2/2 bash bench/sanitize.sh racecheck 2>&1 |
-      grep -v "^===" | tee -a "$sum"
+      SAN_JOBS=2 SAN_TIMEOUT=$((deadline - $(date +%s) + t0 - 20)) SHARD=1,2/2 \
+      bash bench/sanitize.sh racecheck 2>&1 | grep -v "^===" | tee -a "$sum"
   fi
   stamp racecheck | tee -a "$sum"
   ;;

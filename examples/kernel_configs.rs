@@ -88,14 +88,15 @@ fn emulated_tma_geometry(spec: &KernelSpec) -> [String; 2] {
 }
 
 /// The wgmma family's block shapes: (sorted rows per tile, weight rows per warpgroup MMA,
-/// blocks per SM).
-const WG_SHAPES: [(u32, u32, u32); 6] = [
+/// blocks per SM); (64, 64, 1): MXFP4 register-operand weights on 64-row tiles.
+const WG_SHAPES: [(u32, u32, u32); 7] = [
     (128, 128, 1),
     (128, 128, 2),
     (128, 256, 1),
     (128, 256, 2),
     (64, 128, 1),
     (64, 256, 1),
+    (64, 64, 1),
 ];
 
 /// The CUDA configurations of the mma.sync families and of the wgmma family's cp.async

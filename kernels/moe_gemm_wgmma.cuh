@@ -73,8 +73,8 @@
 #if WG_MX4 && (ACT_Q || ACT_F16 || WG_B_ROWS != 128)
 #error "MXFP4 weights: bf16 activations, 128 weight rows per block (one pack per thread)"
 #endif
-#if WG_RS && (!WG_MX4 || BM != 128 || WG_N != 128 || WG_TMA)
-#error "register-operand weights: MXFP4 on 128 x 128 blocks, without TMA"
+#if WG_RS && (!WG_MX4 || WG_N != BM || WG_TMA)
+#error "register-operand weights: MXFP4, the MMA's N the tile's BM sorted rows, without TMA"
 #endif
 #if WG_TMA && (WLAYOUT != WL_AITER_16X16 || BM != 128 || WG_MX4)
 #error "TMA weight tiles: AITER 16x16 weights of a 16-bit or fp8 format, 128-row tiles"
@@ -580,6 +580,8 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
 // word: the codes of its A fragment), decodes them in registers (mx_bf16.cuh) and issues
 // m64n128k16 with A from registers; only the activation tile is in the ring.
 //
+// WG_N is the MMA's N here, the tile's BM sorted rows (64 or 128); a block has 128 weight rows
+// either way (WG_B_ROWS).
 // A thread's rows (warp w, lane 4 gid + tig of warpgroup g): stage 1 rows gid and gid + 8 of
 // the warp's 16 are the gate and up rows of column n0 + 32 g + 8 w + gid (the epilogue pairs
 // them in-thread); stage 2 they are columns n0 + 64 g + 16 w + gid + 8 h.
@@ -665,9 +667,9 @@ __device__ void moe_gemm_wg_rs(const Params& p) {
       }
   };
 
-  float acc[64];
+  float acc[WG_ACC];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < WG_ACC; ++i) acc[i] = 0.0f;
 #pragma unroll
   for (int s = 0; s < WG_STAGES - 2; ++s) {
     if (s < nk) acts.copy(p, base + (u32)s * WG_STAGE_BYTES, s, kbytes);
@@ -693,7 +695,13 @@ __device__ void moe_gemm_wg_rs(const Params& p) {
     u32 sa = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES;
     wgmma_fence();  // the fragments were just written
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_bf16_rs_n128(acc, a[kk], wgmma_desc(sa + 32 * kk), 1);
+    for (int kk = 0; kk < 4; ++kk) {
+#if WG_N == 128
+      wgmma_bf16_rs_n128(acc, a[kk], wgmma_desc(sa + 32 * kk), 1);
+#else
+      wgmma_bf16_rs_n64(acc, a[kk], wgmma_desc(sa + 32 * kk), 1);
+#endif
+    }
     wgmma_commit();
     wgmma_wait<1>();
   };
@@ -710,7 +718,7 @@ __device__ void moe_gemm_wg_rs(const Params& p) {
   // acc[4 j + c]: weight row 16 warp + gid + 8 (c >> 1) of the warpgroup's 64, sorted row
   // 8 j + 2 tig + (c & 1) of the tile.
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
+  for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       int q = s_row[8 * j + 2 * tig + c];

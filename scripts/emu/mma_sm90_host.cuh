@@ -209,9 +209,13 @@ EMU_WGMMA_FORM(bf16, EMU_WG_BF16, 256)
 EMU_WGMMA_FORM(f16, EMU_WG_F16, 256)
 EMU_WGMMA_FORM(e4m3, EMU_WG_E4M3, 256)
 #undef EMU_WGMMA_FORM
-static inline void wgmma_bf16_rs_n128(float* d, const u32* a, u64 db, int accumulate) {
-  emu_wgmma(d, 0, db, accumulate, EMU_WG_BF16, 128, a);
-}
+#define EMU_WGMMA_RS_FORM(name, kind, n)                                                        \
+  static inline void wgmma_##name##_rs_n##n(float* d, const u32* a, u64 db, int accumulate) { \
+    emu_wgmma(d, 0, db, accumulate, kind, n, a);                                             \
+  }
+EMU_WGMMA_RS_FORM(bf16, EMU_WG_BF16, 64)
+EMU_WGMMA_RS_FORM(bf16, EMU_WG_BF16, 128)
+#undef EMU_WGMMA_RS_FORM
 
 // ---- mbarrier, cp.async.bulk.tensor (TMA), cp.async.mbarrier.arrive.noinc ---------------------
 // An mbarrier (PTX ISA "Parallel Synchronization and Communication Instructions: mbarrier"):

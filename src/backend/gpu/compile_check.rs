@@ -162,16 +162,21 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     .filter(&keep);
                                 out.extend(specialised);
                                 // MXFP4 weights as the register operand (the default where
-                                // it applies), in the default's grouped order (groups of 3,
-                                // as above): that variant of every configuration it takes.
-                                let register_weights = (family == Family::Wgmma)
-                                    .then(|| KernelSpec {
-                                        wgmma_rs: true,
-                                        wgmma_group: 3,
-                                        ..spec.clone()
-                                    })
-                                    .filter(&keep);
-                                out.extend(register_weights);
+                                // it applies) on 128- and 64-row tiles, in the default's
+                                // grouped order (groups of 3, as above): those variants of
+                                // every configuration they take.
+                                for rows in [128, 64] {
+                                    let register_weights = (family == Family::Wgmma)
+                                        .then(|| KernelSpec {
+                                            wgmma_rs: true,
+                                            wgmma_bm: rows,
+                                            wgmma_n: rows,
+                                            wgmma_group: 3,
+                                            ..spec.clone()
+                                        })
+                                        .filter(&keep);
+                                    out.extend(register_weights);
+                                }
                                 // MOEPLUG_STREAM_PREFETCH (opt-in) on the other stream
                                 // configurations, rotated: one step with K split 2 (the host
                                 // emulation's K, 256 / 96, then reaches past the distance in

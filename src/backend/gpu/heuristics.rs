@@ -322,12 +322,16 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
             matches!(spec.act_dtype, A::Fp8PerToken | A::Fp8PerTensor)
         }
         W::Fp8Block128 => spec.act_dtype == A::Fp8Block128,
-        // One 32-code pack per thread per step fills exactly a 128 x 128 block.
+        // One 32-code pack per thread per step fills exactly a 128 x 128 block; as the
+        // register operand, the block's 128 weight rows meet 64 or 128 sorted rows (the MMA's
+        // N, `wgmma_n`).
         W::Mxfp4 => {
-            act16(A::Bf16, false)
-                && spec.wgmma_bm == 128
-                && spec.wgmma_n == 128
-                && spec.wgmma_blocks == 1
+            let shape = if spec.wgmma_rs {
+                spec.wgmma_n == spec.wgmma_bm
+            } else {
+                spec.wgmma_bm == 128 && spec.wgmma_n == 128
+            };
+            act16(A::Bf16, false) && shape && spec.wgmma_blocks == 1
         }
         W::Mxfp8 | W::Int4Group32 | W::Int4PerChannel => false,
     };
@@ -335,7 +339,7 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
         return Some("format / activation dtype pairing not covered");
     }
     if !matches!(spec.wgmma_bm, 64 | 128)
-        || !matches!(spec.wgmma_n, 128 | 256)
+        || !(matches!(spec.wgmma_n, 128 | 256) || spec.wgmma_rs)
         || !matches!(spec.wgmma_blocks, 1 | 2)
     {
         return Some(
@@ -487,7 +491,12 @@ pub fn spec_for(
                     s.wgmma_n = 256;
                 }
             },
-            |s| s.wgmma_rs = WGMMA_RS_PREFERENCE.map_or(true, |v| v == 1),
+            |s| {
+                s.wgmma_rs = WGMMA_RS_PREFERENCE.map_or(true, |v| v == 1);
+                // The MMA's N is the tile's rows: 128 unless asked (MOEPLUG_WGMMA_BM=64).
+                s.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(128);
+                s.wgmma_n = s.wgmma_bm;
+            },
         ];
         for step in steps {
             let mut next = spec.clone();

@@ -187,8 +187,9 @@ pub struct KernelSpec {
     /// may start while the previous one of the stream finishes, waits for its results
     /// (`griddepcontrol.wait`) before its first access, then lets the next one start.
     pub pdl: bool,
-    /// Wgmma family: weight rows per warpgroup MMA (`WG_N`, 128 or 256) and sorted rows per
-    /// tile (`BM`, 64 or 128). Unused by the others.
+    /// Wgmma family: weight rows per warpgroup MMA (`WG_N`, 128 or 256; with `wgmma_rs` the
+    /// MMA's N, the tile's sorted rows, 64 or 128) and sorted rows per tile (`BM`, 64 or 128).
+    /// Unused by the others.
     pub wgmma_n: u32,
     pub wgmma_bm: u32,
     /// Wgmma family: blocks resident per SM (`WG_MIN_BLOCKS`, 1 or 2): the ring shrinks to fit.
@@ -311,7 +312,7 @@ impl KernelSpec {
     }
 
     /// Wgmma family: weight rows of a block (the two warpgroups share them on 128-row tiles
-    /// and take `wgmma_n` each on 64-row tiles).
+    /// and take `wgmma_n` each on 64-row tiles; with `wgmma_rs` 64 each, so 128 either way).
     pub fn wgmma_block_rows(&self) -> usize {
         let n = self.wgmma_n as usize;
         if self.wgmma_bm == 128 {
