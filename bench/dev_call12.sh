@@ -5,6 +5,7 @@
 #   racecheck: racecheck over the whole GPU suite (kernel filter on), 8 shards at once
 #   rerun7:    initcheck of call 1's shard 7 as 4 smaller shards, then racecheck
 #   rs:        MXFP4 weights as wgmma's register operand: tests, A/B, peer, racecheck
+#   blocks2:   MXFP4's weight tile with two blocks per SM against one
 #   suite:     the whole GPU suite (8 processes) and the kit with peers on target/release
 # Carry target/release/libmoeplug.so and target/release/moeplug (test_selftest.py runs the CLI).
 source "$(dirname "$0")/dev_common.sh"
@@ -60,6 +61,16 @@ rs)
       bash bench/sanitize.sh racecheck 2>&1 | grep -v "^===" | tee -a "$sum"
   fi
   stamp racecheck | tee -a "$sum"
+  ;;
+blocks2)
+  # MXFP4's shared-memory weight tile with two blocks per SM (16 warps to issue the decode)
+  # against one, one round each (the device budget's last minute).
+  for v in "" "MOEPLUG_WGMMA_BLOCKS=2"; do
+    env MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_RS=0 $v MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so \
+      timeout 32 python3 .peers/bench_peer.py --peers moeplug --cases gptoss_mxfp4 --ms 1024,4096 \
+      --budget-s 22 --json-out "$OUT/blocks_${v:-1}.json" 2>&1 | grep -E "^gptoss" | tee -a "$sum"
+    stamp "blocks [$v]" | tee -a "$sum"
+  done
   ;;
 suite)
   suite_and_kit

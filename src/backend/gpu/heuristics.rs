@@ -327,11 +327,11 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
         // N, `wgmma_n`).
         W::Mxfp4 => {
             let shape = if spec.wgmma_rs {
-                spec.wgmma_n == spec.wgmma_bm
+                spec.wgmma_n == spec.wgmma_bm && spec.wgmma_blocks == 1
             } else {
                 spec.wgmma_bm == 128 && spec.wgmma_n == 128
             };
-            act16(A::Bf16, false) && shape && spec.wgmma_blocks == 1
+            act16(A::Bf16, false) && shape
         }
         W::Mxfp8 | W::Int4Group32 | W::Int4PerChannel => false,
     };
