@@ -72,7 +72,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 wgmma_blocks: [1, 2][(chosen / 4) % 2],
                                 wgmma_tma: (chosen / 8) % 2 == 0,
                                 wgmma_ws: (chosen / 16) % 2 == 0,
-                                wgmma_rs: false, // the MXFP4 default; below
+                                wgmma_rs: false, // the default; the opt-in below
                                 wgmma_group: 0,  // ungrouped (MOEPLUG_WGMMA_GROUP=0); grouped below
                                 // the default where the family has it (heuristics)
                                 fused_combine: family.fuses_combine(),
@@ -161,8 +161,8 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(specialised);
-                                // MXFP4 weights as the register operand (the default where
-                                // it applies) on 128- and 64-row tiles, in the default's
+                                // MXFP4 weights as the register operand (an opt-in,
+                                // MOEPLUG_WGMMA_RS=1) on 128- and 64-row tiles, in the default's
                                 // grouped order (groups of 3, as above): those variants of
                                 // every configuration they take.
                                 for rows in [128, 64] {

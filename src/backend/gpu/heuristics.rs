@@ -54,8 +54,10 @@ static WGMMA_TMA_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLU
 /// `MOEPLUG_WGMMA_WS=0|1`: the warp-specialised persistent kernel (the default where it
 /// covers the configuration) or one block per tile (benchmarks).
 static WGMMA_WS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_WS"));
-/// `MOEPLUG_WGMMA_RS=0|1`: MXFP4 weights as the register operand of wgmma (the default) or
-/// decoded into a shared-memory weight tile (benchmarks).
+/// `MOEPLUG_WGMMA_RS=0|1`: MXFP4 weights decoded into a shared-memory weight tile (the
+/// default) or fed as the register operand of wgmma (opt-in: measured 1-3.5 % slower on
+/// gpt-oss at M = 256-4096, and on 64-row tiles 10 % faster at M <= 1024 but 47 % slower at
+/// 4096, while the stream family stays ahead at M <= 1024; bench/NOTES.md session 12).
 static WGMMA_RS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_RS"));
 /// `MOEPLUG_WGMMA_GROUP=g` (0-1024): the wgmma family takes every column block of g
 /// consecutive sorted tiles before the next g ([`KernelSpec::wgmma_group`]); 0 takes every
@@ -477,7 +479,7 @@ pub fn spec_for(
         // Each step (the diagnostic shape, then TMA, then warp specialisation) is taken only
         // where the family covers the result.
         // Then 256 weight rows where the warp-specialised kernel takes them; the last: MXFP4
-        // weights as the register operand.
+        // weights as the register operand where asked.
         let steps: [fn(&mut KernelSpec); 5] = [
             |s| {
                 s.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(s.wgmma_n);
@@ -492,7 +494,7 @@ pub fn spec_for(
                 }
             },
             |s| {
-                s.wgmma_rs = WGMMA_RS_PREFERENCE.map_or(true, |v| v == 1);
+                s.wgmma_rs = *WGMMA_RS_PREFERENCE == Some(1);
                 // The MMA's N is the tile's rows: 128 unless asked (MOEPLUG_WGMMA_BM=64).
                 s.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(128);
                 s.wgmma_n = s.wgmma_bm;
@@ -669,6 +671,79 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn register_operand_weights_are_mxfp4_on_tiles_as_tall_as_the_mma_is_wide() {
+        let mx = KernelSpec {
+            family: Family::Wgmma,
+            weight_format: WeightFormat::Mxfp4,
+            scale_layout: Some(ScaleLayout::AiterE8m0),
+            wgmma_rs: true,
+            ..crate::backend::gpu::default_spec()
+        };
+        let why = |s: &KernelSpec| wgmma_spec_unsupported(90, s);
+        for rows in [64, 128] {
+            let s = KernelSpec {
+                wgmma_bm: rows,
+                wgmma_n: rows,
+                ..mx.clone()
+            };
+            assert_eq!(why(&s), None, "{rows}-row tiles");
+        }
+        let refused = [
+            (
+                "64-row tiles, N 128",
+                KernelSpec {
+                    wgmma_bm: 64,
+                    ..mx.clone()
+                },
+            ),
+            (
+                "two blocks",
+                KernelSpec {
+                    wgmma_blocks: 2,
+                    ..mx.clone()
+                },
+            ),
+            (
+                "TMA",
+                KernelSpec {
+                    wgmma_tma: true,
+                    ..mx.clone()
+                },
+            ),
+            (
+                "bf16 weights",
+                KernelSpec {
+                    weight_format: WeightFormat::Bf16,
+                    scale_layout: None,
+                    ..mx.clone()
+                },
+            ),
+        ];
+        for (what, s) in refused {
+            assert!(why(&s).is_some(), "{what} accepted");
+        }
+        // The shared-memory tile: 128 x 128 blocks, one or two per SM.
+        let tile = KernelSpec {
+            wgmma_rs: false,
+            ..mx.clone()
+        };
+        assert_eq!(why(&tile), None);
+        assert_eq!(
+            why(&KernelSpec {
+                wgmma_blocks: 2,
+                ..tile.clone()
+            }),
+            None
+        );
+        assert!(why(&KernelSpec {
+            wgmma_bm: 64,
+            wgmma_n: 64,
+            ..tile
+        })
+        .is_some());
+    }
 
     #[test]
     fn split_k_picks_what_the_h200_measured_fastest() {
