@@ -4,6 +4,7 @@
 #              (issue 14), 8 shards at once
 #   racecheck: racecheck over the whole GPU suite (kernel filter on), 8 shards at once
 #   rerun7:    initcheck of call 1's shard 7 as 4 smaller shards, then racecheck
+#   initcheck15: the 20 tests of initcheck shard 15/32 not yet finished, its 2 slowest alone
 #   rs:        MXFP4 weights as wgmma's register operand: tests, A/B, peer, racecheck
 #   blocks2:   MXFP4's weight tile with two blocks per SM against one
 #   suite:     the whole GPU suite (8 processes) and the kit with peers on target/release
@@ -21,6 +22,20 @@ rerun7)
   # (residues 6, 14, 22, 30), then racecheck over the whole suite.
   SAN_JOBS=4 SAN_TIMEOUT=230 SHARD=7,15,23,31/32 bash "$0" initcheck
   SAN_TIMEOUT=290 bash "$0" racecheck
+  ;;
+initcheck15)
+  # The 20 tests of initcheck shard 15/32 that have not finished (calls 1-2): its two slowest
+  # each alone, the other 18 as one shard, at once (separate OUT folders).
+  slow='test_many_tokens|test_real_shapes\[gpt-oss-120b-1024\]'
+  (OUT=$OUT/many SAN_SELECT='test_many_tokens' SAN_TIMEOUT=520 bash bench/sanitize.sh initcheck \
+    2>&1 | grep -v "^===" >"$OUT/many.txt") &
+  (OUT=$OUT/gptoss SAN_SELECT='test_real_shapes\[gpt-oss-120b-1024\]' SAN_TIMEOUT=520 \
+    bash bench/sanitize.sh initcheck 2>&1 | grep -v "^===" >"$OUT/gptoss.txt") &
+  (OUT=$OUT/rest SAN_SELECT=. SAN_EXCLUDE="$slow" SHARD=15/32 SAN_TIMEOUT=520 \
+    bash bench/sanitize.sh initcheck 2>&1 | grep -v "^===" >"$OUT/rest.txt") &
+  wait
+  cat "$OUT/many.txt" "$OUT/gptoss.txt" "$OUT/rest.txt" | tee -a "$sum"
+  stamp initcheck15 | tee -a "$sum"
   ;;
 rs)
   # MXFP4 weights as wgmma's register operand (WG_RS): the wgmma tests of every MXFP4 shape

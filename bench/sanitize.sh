@@ -12,6 +12,8 @@
 #   SHARD=i[,j...]/n    which shards of how many (default 1/1; n sets the shard size)
 #   SAN_SELECT=ERE      node ids to run, as an extended regex over `pytest --collect-only`
 #                       ids (default: all for memcheck, a subset for racecheck/initcheck below)
+#   SAN_EXCLUDE=ERE     node ids left out of each shard after sharding (the shards keep the
+#                       assignment they have without it: a shard's slow tests run on their own)
 #   SAN_KERNELS=filter  --kernel-name filter (memcheck and racecheck default regex=^(moe|prep)_:
 #                       only our kernels are instrumented, torch's run unchecked at full speed);
 #                       empty = every kernel, initcheck's default (below)
@@ -93,7 +95,8 @@ echo "=== $(wc -l <"$OUT/all_ids.txt") tests in tests/gpu, $(wc -l <"$OUT/select
 # and rc on the first line).
 run_shard() {
   local i=$1 ids log start rc secs errors summaries result report
-  mapfile -t ids < <(awk -v i="$i" -v n="$n" '(NR - 1) % n == i - 1' "$OUT/selected_ids.txt")
+  mapfile -t ids < <(awk -v i="$i" -v n="$n" '(NR - 1) % n == i - 1' "$OUT/selected_ids.txt" |
+    grep -vE -- "${SAN_EXCLUDE:-^$}")
   log=$OUT/sanitize_${tool}_${i}of${n}.log
   report=$OUT/report_${tool}_${i}of${n}.txt
   if [ ${#ids[@]} -eq 0 ]; then
@@ -101,7 +104,8 @@ run_shard() {
     return
   fi
   start=$(date +%s)
-  timeout "${SAN_TIMEOUT:-540}" "${san[@]}" python3 -m pytest -q -p no:cacheprovider "${ids[@]}" >"$log" 2>&1
+  # -v: one line per finished test, so a shard that times out still says how far it got.
+  timeout "${SAN_TIMEOUT:-540}" "${san[@]}" python3 -m pytest -v -p no:cacheprovider "${ids[@]}" >"$log" 2>&1
   rc=$?
   secs=$(($(date +%s) - start))
   # One summary per process (pytest and its subprocesses): sum them. racecheck reports
@@ -116,13 +120,20 @@ run_shard() {
     summaries=$(grep -c "ERROR SUMMARY" "$log")
   fi
   [ "$summaries" -eq 0 ] && [ $rc -eq 0 ] && rc=4
-  result=$(grep -v "^=========" "$log" | grep -E "[0-9]+ (passed|failed|errors?|skipped).* in [0-9.]+s" | tail -1)
+  result=$(grep -v "^========= " "$log" | grep -E "[0-9]+ (passed|failed|errors?|skipped).* in [0-9.]+s" | tail -1 | sed "s/^=* *//; s/ *=*$//")
   {
     echo "$errors $rc"
     echo "--- $tool shard $i/$n: ${#ids[@]} tests, ${result:-no pytest summary}"
     echo "    ERROR SUMMARY: $errors errors ($summaries sanitizer summaries), ${secs} s, rc=$rc"
     [ "$summaries" -eq 0 ] && echo "    no sanitizer summary: the sanitizer did not finish (see $log)"
-    [ $rc -eq 124 ] && echo "    TIMED OUT after ${SAN_TIMEOUT:-540} s: use more shards (SHARD=i/$((n * 2)))"
+    if [ $rc -eq 124 ]; then
+      echo "    TIMED OUT after ${SAN_TIMEOUT:-540} s: use more shards (SHARD=i/$((n * 2)))"
+      # The tests it finished (clean so far: no report above) and the one it was in.
+      local done_ids
+      done_ids=$(grep -oE "^tests/gpu/[^ ]+ (PASSED|SKIPPED|FAILED|ERROR)" "$log" | cut -d' ' -f1)
+      echo "    finished $(grep -c . <<<"$done_ids") of ${#ids[@]}; not finished:"
+      printf '%s\n' "${ids[@]}" | grep -vxF -f <(printf '%s\n' "$done_ids") | sed 's/^/      /'
+    fi
     grep -E "^========= (Invalid|Uninitialized|Race|Error|Barrier|.*hazard)" "$log" | sort | uniq -c | head -10
   } >"$report"
 }
