@@ -350,6 +350,20 @@ __device__ __forceinline__ void wg_order(int w, int tiles, int nblk, int& tile, 
 #endif
 }
 
+// The activation row of sorted row q (stage 1: its token's row of x or xq; stage 2: the pair's
+// intermediate row), or null for a padding row (q < 0).
+template <bool GATED>
+__device__ __forceinline__ const u8* wg_act_row(const Params& p, int q, int K) {
+  if (q < 0) return nullptr;
+#if ACT_Q
+  i64 row = GATED ? q / p.topk : q;
+  return (const u8*)(GATED ? p.xq : p.aq) + row * K;
+#else
+  return GATED ? (const u8*)p.x + (i64)(q / p.topk) * p.x_cols * 2
+               : (const u8*)p.inter + (i64)q * p.I * 2;
+#endif
+}
+
 // This thread's share of a tile's activation rows, for the kernels whose 256 threads all copy:
 // rows (tid >> 3) + 32 i (i < WG_A_CHUNKS), 16-byte chunk tid & 7 of each K step, gathered
 // through the sorted index (s_row) and zero-filled for padding rows and columns past K.
@@ -358,19 +372,8 @@ struct WgActCopies {
   const u8* src[WG_A_CHUNKS];
   __device__ WgActCopies(const Params& p, const int* s_row, int K) {
 #pragma unroll
-    for (int i = 0; i < WG_A_CHUNKS; ++i) {
-      int q = s_row[(threadIdx.x >> 3) + 32 * i];
-      src[i] = nullptr;
-      if (q >= 0) {
-#if ACT_Q
-        i64 row = GATED ? q / p.topk : q;
-        src[i] = (const u8*)(GATED ? p.xq : p.aq) + row * K;
-#else
-        src[i] = GATED ? (const u8*)p.x + (i64)(q / p.topk) * p.x_cols * 2
-                       : (const u8*)p.inter + (i64)q * p.I * 2;
-#endif
-      }
-    }
+    for (int i = 0; i < WG_A_CHUNKS; ++i)
+      src[i] = wg_act_row<GATED>(p, s_row[(threadIdx.x >> 3) + 32 * i], K);
   }
   // Step ks's copies into the tile at `sa` (128-byte rows, 128-byte swizzle).
   __device__ __forceinline__ void copy(const Params& p, u32 sa, int ks, i64 kbytes) const {
@@ -836,19 +839,8 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       int e = tile_expert[tile];
       const u8* asrc[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        int q = sorted[tile * BM + (tid >> 3) + 16 * i];
-        asrc[i] = nullptr;
-        if (q >= 0) {
-#if ACT_Q
-          i64 row = GATED ? q / p.topk : q;
-          asrc[i] = (const u8*)(GATED ? p.xq : p.aq) + row * K;
-#else
-          asrc[i] = GATED ? (const u8*)p.x + (i64)(q / p.topk) * p.x_cols * 2
-                          : (const u8*)p.inter + (i64)q * p.I * 2;
-#endif
-        }
-      }
+      for (int i = 0; i < 8; ++i)
+        asrc[i] = wg_act_row<GATED>(p, sorted[tile * BM + (tid >> 3) + 16 * i], K);
       int group = GATED ? (GATE == GM_INTERLEAVE ? (e * Nst >> 5) + (n0 >> 4) : (e * Nst + n0) >> 4)
                         : (e * Nst + n0) >> 4;
       for (int ks = 0; ks < nk; ++ks, ++it) {
