@@ -476,40 +476,49 @@ pub fn spec_for(
         spec.pdl = *PDL_PREFERENCE && sm.is_some_and(|sm| sm >= PDL_MIN_SM);
     }
     if family == Family::Wgmma {
-        // Each step (the diagnostic shape, then TMA, then warp specialisation) is taken only
-        // where the family covers the result.
-        // Then 256 weight rows where the warp-specialised kernel takes them; the last: MXFP4
-        // weights as the register operand where asked.
-        let steps: [fn(&mut KernelSpec); 5] = [
-            |s| {
-                s.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(s.wgmma_n);
-                s.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(s.wgmma_bm);
-                s.wgmma_blocks = WGMMA_BLOCKS_PREFERENCE.unwrap_or(s.wgmma_blocks);
-            },
-            |s| s.wgmma_tma = WGMMA_TMA_PREFERENCE.map_or(true, |v| v == 1),
-            |s| s.wgmma_ws = WGMMA_WS_PREFERENCE.map_or(true, |v| v == 1),
-            |s| {
-                if WGMMA_N_PREFERENCE.is_none() && s.wgmma_ws {
-                    s.wgmma_n = 256;
-                }
-            },
-            |s| {
-                s.wgmma_rs = *WGMMA_RS_PREFERENCE == Some(1);
+        spec = wgmma_shape(spec);
+    }
+    Ok(spec)
+}
+
+/// The wgmma family's block shape, TMA, warp specialisation, register-operand weights and
+/// work order for `spec`. Each step (the diagnostic shape, then TMA, then warp
+/// specialisation, then 256 weight rows where the warp-specialised kernel takes them, then
+/// MXFP4 weights as the register operand where asked) is taken only where the family covers
+/// the result.
+fn wgmma_shape(mut spec: KernelSpec) -> KernelSpec {
+    let steps: [fn(&mut KernelSpec); 5] = [
+        |s| {
+            s.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(s.wgmma_n);
+            s.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(s.wgmma_bm);
+            s.wgmma_blocks = WGMMA_BLOCKS_PREFERENCE.unwrap_or(s.wgmma_blocks);
+        },
+        |s| s.wgmma_tma = WGMMA_TMA_PREFERENCE.map_or(true, |v| v == 1),
+        |s| s.wgmma_ws = WGMMA_WS_PREFERENCE.map_or(true, |v| v == 1),
+        |s| {
+            if WGMMA_N_PREFERENCE.is_none() && s.wgmma_ws {
+                s.wgmma_n = 256;
+            }
+        },
+        // A step that changes nothing unless asked: it must not undo the shape above.
+        |s| {
+            if *WGMMA_RS_PREFERENCE == Some(1) {
+                s.wgmma_rs = true;
                 // The MMA's N is the tile's rows: 128 unless asked (MOEPLUG_WGMMA_BM=64).
                 s.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(128);
                 s.wgmma_n = s.wgmma_bm;
-            },
-        ];
-        for step in steps {
-            let mut next = spec.clone();
-            step(&mut next);
-            if wgmma_spec_unsupported(90, &next).is_none() {
-                spec = next;
             }
+        },
+    ];
+    for step in steps {
+        let mut next = spec.clone();
+        step(&mut next);
+        if wgmma_spec_unsupported(90, &next).is_none() {
+            spec = next;
         }
-        spec.wgmma_group = *WGMMA_GROUP_PREFERENCE;
     }
-    Ok(spec)
+    spec.wgmma_group = *WGMMA_GROUP_PREFERENCE;
+    spec
 }
 
 /// [`choose`]'s family if the self-test accepted it, else the first accepted family down its
@@ -671,6 +680,51 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wgmma_defaults_are_what_the_h200_measured_fastest() {
+        // Without the diagnostic variables (CI sets none): 16-bit weights on the
+        // warp-specialised TMA kernel with 128 x 256 blocks, fp8 on it with 128 x 128, MXFP4 on
+        // the shared-memory tile (the register operand is an opt-in), grouped by 8.
+        let base = KernelSpec {
+            family: Family::Wgmma,
+            ..crate::backend::gpu::default_spec()
+        };
+        let bf16 = wgmma_shape(base.clone());
+        assert_eq!(
+            (
+                bf16.wgmma_bm,
+                bf16.wgmma_n,
+                bf16.wgmma_tma,
+                bf16.wgmma_ws,
+                bf16.wgmma_rs
+            ),
+            (128, 256, true, true, false)
+        );
+        assert_eq!(bf16.wgmma_group, WGMMA_GROUP_DEFAULT);
+        let fp8 = wgmma_shape(KernelSpec {
+            weight_format: WeightFormat::Fp8Block128,
+            act_dtype: ActDtype::Fp8Block128,
+            stage2_act_dtype: ActDtype::Fp8Block128,
+            ..base.clone()
+        });
+        assert_eq!((fp8.wgmma_n, fp8.wgmma_ws), (128, true));
+        let mx = wgmma_shape(KernelSpec {
+            weight_format: WeightFormat::Mxfp4,
+            scale_layout: Some(ScaleLayout::AiterE8m0),
+            ..base
+        });
+        assert_eq!(
+            (
+                mx.wgmma_bm,
+                mx.wgmma_n,
+                mx.wgmma_blocks,
+                mx.wgmma_tma,
+                mx.wgmma_rs
+            ),
+            (128, 128, 1, false, false)
+        );
+    }
 
     #[test]
     fn register_operand_weights_are_mxfp4_on_tiles_as_tall_as_the_mma_is_wide() {
