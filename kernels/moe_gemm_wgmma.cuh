@@ -22,7 +22,8 @@
 // - bf16 x bf16 and fp16 x fp16 (activations of the weights' type, the caller's dtype);
 // - MXFP4 weights with bf16 activations: each thread loads one 16-byte pack of 32 codes a
 //   step ahead into registers and writes it to the weight tile as bf16 (mx_bf16.cuh: bit
-//   operations, the e8m0 scale folded in by exact multiplies);
+//   operations, the e8m0 scale folded in by exact multiplies), one or two blocks per SM;
+//   or (WG_RS, below) decoded into the A fragments of register-operand MMAs;
 // - e4m3fn weights (per tensor, per channel, block 128) with fp8 activations (per token, per
 //   tensor, block 128), summed in two levels: each step's MMAs go to a partial sum added into
 //   the fp32 accumulator (the tensor core's fp8 sums keep ~14 bits), scaled there by the
@@ -574,11 +575,11 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
 #if WG_RS
 // MXFP4 weights as wgmma's register operand (WG_RS): the block's 128 weight rows go on the
 // MMA's 64-row side (64 per warpgroup) and its 128 sorted rows on N, so the weights never pass
-// through shared memory. The SS kernel above decodes each step's weight tile into shared
-// memory, where the two warpgroups then read it once each: per step 16 KiB written and 32 KiB
-// read on top of the activations' 16 KiB written and 16 KiB read, which holds the SM's shared
-// memory near its 128 bytes per clock and the tensor pipe at a third (bench/NOTES.md, session
-// 12). Here each thread loads the 16-byte packs of its two weight rows straight from global
+// through shared memory (the kernel above writes 16 KiB of decoded weights per step and reads
+// them twice). An opt-in (MOEPLUG_WGMMA_RS=1): on the H200 it is 1-3.5 % slower than the
+// shared-memory tile, whose steps are bound by instruction latency on 8 warps per SM, not by
+// shared memory (bench/NOTES.md, session 12); it is the form an MMA-bound MXFP4 kernel wants.
+// Each thread loads the 16-byte packs of its two weight rows straight from global
 // memory two steps ahead (the quad of a row loads the same pack and keeps byte tig of each
 // word: the codes of its A fragment), decodes them in registers (mx_bf16.cuh) and issues
 // m64n128k16 with A from registers; only the activation tile is in the ring.
