@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# GPU calls of session 13, one per argument:
+#   san1: racecheck over shards 1-12 of 24 of the whole GPU suite (its two slowest tests left
+#         out of every shard), racecheck of test_many_tokens alone, and initcheck of the two
+#         tests of initcheck shard 15/32 that never finished, each alone (issue 14)
+#   san2: racecheck over shards 13-24 of 24, racecheck of gpt-oss-120b M = 1024 alone, and
+#         initcheck of the other 18 tests of shard 15/32
+#   perf: MXFP4's weight tile with two blocks per SM against one, its tests, the peer alone
+# Carry target/release/libmoeplug.so, target/release/moeplug and .peers.
+source "$(dirname "$0")/dev_common.sh"
+sum=$OUT/summary.txt
+slow='test_many_tokens|test_real_shapes\[gpt-oss-120b-1024\]'
+# One sanitizer run in its own OUT folder, in the background; its report goes to $OUT/<name>.txt.
+san() {  # name, tool, env...
+  local name=$1 tool=$2
+  shift 2
+  (env OUT="$OUT/$name" "$@" bash bench/sanitize.sh "$tool" 2>&1 | grep -v "^===" >"$OUT/$name.txt") &
+}
+case ${1:-san1} in
+san1 | san2)
+  if [ "$1" = san1 ]; then
+    shards=1,2,3,4,5,6,7,8,9,10,11,12/24
+    san race_many racecheck SAN_SELECT='test_many_tokens' SAN_TIMEOUT=530
+    san init_many initcheck SAN_SELECT='test_many_tokens' SAN_TIMEOUT=530
+    san init_gptoss initcheck SAN_SELECT='test_real_shapes\[gpt-oss-120b-1024\]' SAN_TIMEOUT=530
+  else
+    shards=13,14,15,16,17,18,19,20,21,22,23,24/24
+    san race_gptoss racecheck SAN_SELECT='test_real_shapes\[gpt-oss-120b-1024\]' SAN_TIMEOUT=530
+    san init_rest initcheck SAN_SELECT=. SAN_EXCLUDE="$slow" SHARD=15/32 SAN_TIMEOUT=530
+  fi
+  san race racecheck SAN_SELECT=. SAN_EXCLUDE="$slow" SAN_JOBS=12 SHARD=$shards SAN_TIMEOUT=530
+  wait
+  cat "$OUT"/*.txt | grep -v "^--- .* at " | tee -a "$sum"
+  stamp "$1" | tee -a "$sum"
+  ;;
+perf)
+  run_tests() {  # seconds, label, env, pytest args
+    local secs=$1 label=$2 envs=$3
+    shift 3
+    env $envs MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so timeout "$secs" python3 -m pytest -q \
+      -p no:cacheprovider -x "$@" >"$OUT/tests_$label.log" 2>&1
+    echo "tests $label [$envs]: rc=$? $(tail -1 "$OUT/tests_$label.log")" | tee -a "$sum"
+    grep -E "^(FAILED|ERROR)" "$OUT/tests_$label.log" | head -3 | tee -a "$sum"
+  }
+  run_tests 90 blocks2 "MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_BLOCKS=2" tests/gpu/test_fused_moe.py \
+    tests/gpu/test_launch_fields.py -k "mxfp4 or gpt-oss"
+  stamp tests | tee -a "$sum"
+  ROUNDS=2 AB_TIMEOUT=60 bash bench/ab.sh "MOEPLUG_GPU_FAMILY=wgmma" \
+    "MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_BLOCKS=2" "MOEPLUG_GPU_FAMILY=stream" \
+    -- --cases gptoss_mxfp4 --ms 256,1024,4096 2>&1 | tail -10 | tee -a "$sum"
+  stamp ab | tee -a "$sum"
+  ;;
+esac
