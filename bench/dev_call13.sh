@@ -5,6 +5,7 @@
 #         tests of initcheck shard 15/32 that never finished, each alone (issue 14)
 #   san2: racecheck over shards 13-24 of 24, racecheck of gpt-oss-120b M = 1024 alone, and
 #         initcheck of the other 18 tests of shard 15/32
+#   san3: what san2 left (below)
 #   perf: MXFP4's weight tile with two blocks per SM against one, its tests, the peer alone
 # Carry target/release/libmoeplug.so, target/release/moeplug and .peers.
 source "$(dirname "$0")/dev_common.sh"
@@ -29,6 +30,23 @@ san1 | san2)
     san init_rest initcheck SAN_SELECT=. SAN_EXCLUDE="$slow" SHARD=15/32 SAN_TIMEOUT=530
   fi
   san race racecheck SAN_SELECT=. SAN_EXCLUDE="$slow" SAN_JOBS=12 SHARD=$shards SAN_TIMEOUT=530
+  wait
+  cat "$OUT"/*.txt | grep -v "^--- .* at " | tee -a "$sum"
+  stamp "$1" | tee -a "$sum"
+  ;;
+san3)
+  # What san2 left: shards 20-23 (their first tests, test_fused_combine's four children of
+  # 108 launches each, held them past 530 s with 12 sanitizers at once) as four shards without
+  # them and each of the four alone; shard 17 again (one failure, unnamed by the old report);
+  # initcheck of test_opcheck_on_cuda, the one test of initcheck shard 15/32 left.
+  combine='test_fused_combine\.py'
+  for fam in heuristics stream tile32 fp32; do
+    san "race_combine_$fam" racecheck SAN_SELECT="$combine::.*\[$fam\]" SAN_TIMEOUT=${T:-470}
+  done
+  san race_rest racecheck SAN_SELECT=. SAN_EXCLUDE="$slow|$combine" SAN_JOBS=4 SHARD=20,21,22,23/24 \
+    SAN_TIMEOUT=${T:-470}
+  san race_17 racecheck SAN_SELECT=. SAN_EXCLUDE="$slow" SHARD=17/24 SAN_TIMEOUT=${T:-470}
+  san init_opcheck initcheck SAN_SELECT='test_opcheck_on_cuda' SAN_TIMEOUT=${T:-470}
   wait
   cat "$OUT"/*.txt | grep -v "^--- .* at " | tee -a "$sum"
   stamp "$1" | tee -a "$sum"

