@@ -82,8 +82,8 @@ blocks2)
   # against one, one round each (the device budget's last minute).
   for v in "" "MOEPLUG_WGMMA_BLOCKS=2"; do
     env MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_RS=0 $v MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so \
-      timeout 32 python3 .peers/bench_peer.py --peers moeplug --cases gptoss_mxfp4 --ms 1024,4096 \
-      --budget-s 22 --json-out "$OUT/blocks_${#v}.json" 2>&1 | grep -E "^gptoss" | tee -a "$sum"
+      timeout 50 python3 .peers/bench_peer.py --peers moeplug --cases gptoss_mxfp4 --ms 1024,4096 \
+      --budget-s 38 --json-out "$OUT/blocks_${#v}.json" 2>&1 | grep -E "^gptoss" | tee -a "$sum"
     stamp "blocks [$v]" | tee -a "$sum"
   done
   ;;
