@@ -6,6 +6,8 @@
 #   san2: racecheck over shards 13-24 of 24, racecheck of gpt-oss-120b M = 1024 alone, and
 #         initcheck of the other 18 tests of shard 15/32
 #   san3: what san2 left (below)
+#   san4: what san3 left (below)
+#   check: the whole suite and the kit with peers (the session's new defaults)
 #   perf: MXFP4's weight tile with two blocks per SM against one, its tests, the peer alone
 # Carry target/release/libmoeplug.so, target/release/moeplug and .peers.
 source "$(dirname "$0")/dev_common.sh"
@@ -50,6 +52,28 @@ san3)
   wait
   for f in "$OUT"/*.txt; do [ "$f" = "$sum" ] || grep -v "^--- .* at " "$f"; done | tee -a "$sum"
   stamp "$1" | tee -a "$sum"
+  ;;
+san4)
+  # What san3 left: racecheck of test_fused_combine (now 12 tests of three formats each, one
+  # job each), of the tests of shard 20/24 it did not reach, and initcheck of
+  # test_opcheck_on_cuda (440 s alone did not finish: the whole call's time).
+  san race_combine racecheck SAN_SELECT='test_fused_combine\.py' SAN_JOBS=12 \
+    SHARD=1,2,3,4,5,6,7,8,9,10,11,12/12 SAN_TIMEOUT=${T:-530}
+  # The 18 tests of shard 20/24 that san3 did not reach (the shards moved when
+  # test_fused_combine grew to 12 tests: named, not numbered), deepseek-v3 M = 1024 alone.
+  ds='test_real_shapes\[deepseek-v3-1024\]'
+  left=$(grep -v deepseek-v3-1024 bench/racecheck_left.txt | sed 's/[].[]/\\&/g' | paste -sd'|')
+  san race_ds racecheck SAN_SELECT="$ds" SAN_TIMEOUT=${T:-530}
+  san race_left racecheck SAN_SELECT="$left" SAN_JOBS=2 SHARD=1,2/2 SAN_TIMEOUT=${T:-530}
+  san init_opcheck initcheck SAN_SELECT='test_opcheck_on_cuda' SAN_TIMEOUT=${T:-530}
+  wait
+  for f in "$OUT"/*.txt; do [ "$f" = "$sum" ] || grep -v "^--- .* at " "$f"; done | tee -a "$sum"
+  stamp "$1" | tee -a "$sum"
+  ;;
+check)
+  # The session's default change on the GPU: the whole suite (MXFP4 on two blocks per SM from
+  # 32 pairs per expert) and the kit with peers.
+  suite_and_kit
   ;;
 perf)
   run_tests() {  # seconds, label, env, pytest args

@@ -29,10 +29,10 @@ pub const WGMMA_MIN_PAIRS_PER_EXPERT: usize = 32;
 /// stream and gpt-oss bf16 (M = 512) 1978 against 2103; at 8 pairs gpt-oss was 5 % slower
 /// there, Qwen3 4 % faster (bench/NOTES.md, session 11).
 pub const WGMMA_MIN_PAIRS_PER_EXPERT_16BIT: usize = 16;
-/// MXFP4 weights stream through registers one step ahead in the wgmma family, which hides
-/// HBM latency only with enough pairs to reuse them: at 32 pairs gpt-oss took 5.2 ms there
-/// against 2.5 on stream, at 128 pairs 7.7 against 20.9 on tile32 (bench/NOTES.md).
-pub const WGMMA_MIN_PAIRS_PER_EXPERT_MXFP4: usize = 64;
+/// MXFP4 weights from 32 pairs, on the shared-memory tile with two blocks per SM: gpt-oss at
+/// M = 1024 (32 pairs) took 1898 us there against 2355 on stream; at 16 pairs stream took
+/// 1353 against ~2700 on one block per SM (bench/NOTES.md, sessions 12-13).
+pub const WGMMA_MIN_PAIRS_PER_EXPERT_MXFP4: usize = 32;
 /// fp8 block-128 weights from 16 pairs: Qwen3-30B-A3B at M = 256 (16 pairs) took 349 us on
 /// wgmma against 392 on stream, at M = 128 (8 pairs) 323 against 262 (bench/NOTES.md,
 /// session 9).
@@ -491,7 +491,11 @@ fn wgmma_shape(mut spec: KernelSpec) -> KernelSpec {
         |s| {
             s.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(s.wgmma_n);
             s.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(s.wgmma_bm);
-            s.wgmma_blocks = WGMMA_BLOCKS_PREFERENCE.unwrap_or(s.wgmma_blocks);
+            // MXFP4's decode is latency-bound on one block's 8 warps: two blocks per SM took
+            // gpt-oss 1898 / 2926 us against 2756 / 4182 at M = 1024 / 4096 (session 13).
+            let mxfp4 = s.weight_format == WeightFormat::Mxfp4;
+            let blocks = if mxfp4 { 2 } else { s.wgmma_blocks };
+            s.wgmma_blocks = WGMMA_BLOCKS_PREFERENCE.unwrap_or(blocks);
         },
         |s| s.wgmma_tma = WGMMA_TMA_PREFERENCE.map_or(true, |v| v == 1),
         |s| s.wgmma_ws = WGMMA_WS_PREFERENCE.map_or(true, |v| v == 1),
@@ -504,6 +508,7 @@ fn wgmma_shape(mut spec: KernelSpec) -> KernelSpec {
         |s| {
             if *WGMMA_RS_PREFERENCE == Some(1) {
                 s.wgmma_rs = true;
+                s.wgmma_blocks = WGMMA_BLOCKS_PREFERENCE.unwrap_or(1);
                 // The MMA's N is the tile's rows: 128 unless asked (MOEPLUG_WGMMA_BM=64).
                 s.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(128);
                 s.wgmma_n = s.wgmma_bm;
@@ -685,7 +690,8 @@ mod tests {
     fn wgmma_defaults_are_what_the_h200_measured_fastest() {
         // Without the diagnostic variables (CI sets none): 16-bit weights on the
         // warp-specialised TMA kernel with 128 x 256 blocks, fp8 on it with 128 x 128, MXFP4 on
-        // the shared-memory tile (the register operand is an opt-in), grouped by 8.
+        // the shared-memory tile with two blocks per SM (the register operand is an opt-in),
+        // grouped by 8.
         let base = KernelSpec {
             family: Family::Wgmma,
             ..crate::backend::gpu::default_spec()
@@ -722,7 +728,7 @@ mod tests {
                 mx.wgmma_tma,
                 mx.wgmma_rs
             ),
-            (128, 128, 1, false, false)
+            (128, 128, 2, false, false)
         );
     }
 
