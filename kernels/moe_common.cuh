@@ -32,6 +32,13 @@
 #define THREADS 256
 #define SCAN_THREADS 1024
 
+// A compile-time bool as a value (a generic lambda's case argument: one loop body compiled
+// twice, chosen at run time by a uniform branch).
+template <bool B>
+struct mp_bool {
+  static constexpr bool value = B;
+};
+
 // `KernelParams` in src/backend/gpu/launch.rs is checked against this struct by a test that
 // reads this file (launch::tests): same fields, same order. 8-byte fields first, then 4-byte.
 struct Params {

@@ -146,12 +146,6 @@ __device__ __forceinline__ int sw_tile_row0(const Params& p, int g, int t) {
   return g * 32 + 16 * t;
 }
 
-// A compile-time bool as a value (a generic lambda's case argument).
-template <bool B>
-struct sw_bool {
-  static constexpr bool value = B;
-};
-
 // Stage 1 (S1) or stage 2; GATED: stage 1 of a gated activation (gate and up tiles).
 
 template <bool S1>
@@ -414,54 +408,80 @@ __device__ void moe_gemm_stream(const Params& p) {
 #elif WFMT == WF_MXFP4
       // 32 codes per lane and row; the activations of the same 32 k, paired as the codes are
       // (k, k + 4) within each 8.
-      u32 f1[2][2], f2[2][2];
       bool twice = false;
 #pragma unroll
       for (int t = 0; t < 2; ++t)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mx_factors(scur.mx[t][h], f1[t][h], f2[t][h]);
-          twice |= scur.mx[t][h] > 128u;
-        }
+        for (int h = 0; h < 2; ++h) twice |= scur.mx[t][h] > 128u;
       twice = __any_sync(0xffffffffu, twice);
+      // The step in two copies, chosen by the warp-uniform `twice` (a scale above 2 in the
+      // warp): predicated off, the second multiply of every code pair still took an issue slot
+      // (64 of the step's 570 instructions, SASS), and one multiplier is one IMAD.
+      auto mx_step = [&](auto twice_case) {
+        constexpr bool TWICE = decltype(twice_case)::value;
+        u32 f1[2][2], f2[2][2];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {  // the lane's 8-code word i = k 8i .. 8i + 7 of its pack
-        uint4 xv[SW_SUBS];
+        for (int t = 0; t < 2; ++t)
 #pragma unroll
-        for (int j = 0; j < SW_SUBS; ++j)
-          xv[j] = live && j < nsub && xrow[j] ? *(const uint4*)(xrow[j] + (i64)c * 64 + i * 16)
-                                              : make_uint4(0u, 0u, 0u, 0u);
+          for (int h = 0; h < 2; ++h) {
+            if (TWICE)
+              mx_factors(scur.mx[t][h], f1[t][h], f2[t][h]);
+            else
+              f1[t][h] = mx_factor_small(scur.mx[t][h]);
+          }
 #pragma unroll
-        for (int s2 = 0; s2 < 2; ++s2) {  // MMA step: code pairs P = 2 s2, 2 s2 + 1
-          u32 a[2][2][2];  // [tile][half][pair]
+        for (int i = 0; i < 4; ++i) {  // the lane's 8-code word i = k 8i .. 8i + 7 of its pack
+          uint4 xv[SW_SUBS];
 #pragma unroll
-          for (int t = 0; t < 2; ++t)
+          for (int j = 0; j < SW_SUBS; ++j)
+            xv[j] = live && j < nsub && xrow[j]
+                        ? *(const uint4*)(xrow[j] + (i64)c * 64 + i * 16)
+                        : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              u32 v = sw_word(wcur[t][h], i);
-              u32 p0 = s2 ? mx_e2m1_pair<2>(v) : mx_e2m1_pair<0>(v);
-              u32 p1 = s2 ? mx_e2m1_pair<3>(v) : mx_e2m1_pair<1>(v);
-              p0 = mx_bf16x2_mul(p0, f1[t][h]);
-              p1 = mx_bf16x2_mul(p1, f1[t][h]);
-              if (twice) {
-                p0 = mx_bf16x2_mul(p0, f2[t][h]);
-                p1 = mx_bf16x2_mul(p1, f2[t][h]);
-              }
-              a[t][h][0] = p0;
-              a[t][h][1] = p1;
-            }
-#pragma unroll
-          for (int j = 0; j < SW_SUBS; ++j) {
-            if (j >= nsub) continue;
-            // activations (e0 e1)(e2 e3)(e4 e5)(e6 e7) -> (e_P, e_P+4) pairs
-            u32 w0 = s2 ? xv[j].y : xv[j].x, w1 = s2 ? xv[j].w : xv[j].z;
-            u32 b0 = __byte_perm(w0, w1, 0x5410), b1 = __byte_perm(w0, w1, 0x7632);
+          for (int s2 = 0; s2 < 2; ++s2) {  // MMA step: code pairs P = 2 s2, 2 s2 + 1
+            u32 a[2][2][2];  // [tile][half][pair]
 #pragma unroll
             for (int t = 0; t < 2; ++t)
-              sw_mma(acc[t][j], a[t][0][0], a[t][1][0], a[t][0][1], a[t][1][1], b0, b1);
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                u32 v = sw_word(wcur[t][h], i), p0, p1;
+                if (s2)
+                  mx_e2m1_pair2<1>(v, p0, p1);
+                else
+                  mx_e2m1_pair2<0>(v, p0, p1);
+                p0 = mx_bf16x2_mul(p0, f1[t][h]);
+                p1 = mx_bf16x2_mul(p1, f1[t][h]);
+                if (TWICE) {
+                  p0 = mx_bf16x2_mul(p0, f2[t][h]);
+                  p1 = mx_bf16x2_mul(p1, f2[t][h]);
+                }
+                a[t][h][0] = p0;
+                a[t][h][1] = p1;
+              }
+#pragma unroll
+            for (int j = 0; j < SW_SUBS; ++j) {
+              if (j >= nsub) continue;
+              // activations (e0 e1)(e2 e3)(e4 e5)(e6 e7) -> (e_P, e_P+4) pairs
+              u32 w0 = s2 ? xv[j].y : xv[j].x, w1 = s2 ? xv[j].w : xv[j].z;
+              u32 b0 = __byte_perm(w0, w1, 0x5410), b1 = __byte_perm(w0, w1, 0x7632);
+#pragma unroll
+              for (int t = 0; t < 2; ++t)
+                sw_mma(acc[t][j], a[t][0][0], a[t][1][0], a[t][0][1], a[t][1][1], b0, b1);
+            }
           }
         }
-      }
+      };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+      // sm_80: with both copies stage 2 spills under the two-block register cap (compile
+      // check); the general copy alone costs what the predicated multiplies did.
+      (void)twice;
+      mx_step(mp_bool<true>{});
+#else
+      if (twice)
+        mx_step(mp_bool<true>{});
+      else
+        mx_step(mp_bool<false>{});
+#endif
 #else
       // 16-bit: 8 values per lane and row, two k16 MMA steps.
       uint4 xb[SW_SUBS];
@@ -487,9 +507,9 @@ __device__ void moe_gemm_stream(const Params& p) {
     }
   };
   if (nsub == 1)
-    k_loop(sw_bool<true>{});
+    k_loop(mp_bool<true>{});
   else
-    k_loop(sw_bool<false>{});
+    k_loop(mp_bool<false>{});
 
   // Partial sums of each warp -> shared; then each (row, token) of the block adds its KW
   // partials in warp order (deterministic).

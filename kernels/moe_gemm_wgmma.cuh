@@ -469,23 +469,35 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     mraw = ok ? *(const uint4*)(msrc + (i64)kc * mstride) : make_uint4(0u, 0u, 0u, 0u);
     mscale = ok ? S[mx_scale_offset(e, mR, Nst, kc, Kst >> 5)] : 127u;
   };
+  // In two copies, chosen by the warp-uniform "a scale above 2": predicated off, the second
+  // multiply still took an issue slot per code pair, and one multiplier is one IMAD.
   auto mx_store = [&](int ks) {
-    u32 sb = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES;
-    u32 words[4] = {mraw.x, mraw.y, mraw.z, mraw.w};
-    u32 f1, f2;
-    mx_factors(mscale, f1, f2);
+    auto store = [&](auto twice_case) {
+      constexpr bool TWICE = decltype(twice_case)::value;
+      u32 sb = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES;
+      u32 words[4] = {mraw.x, mraw.y, mraw.z, mraw.w};
+      u32 f1, f2 = 0u;
+      if (TWICE)
+        mx_factors(mscale, f1, f2);
+      else
+        f1 = mx_factor_small(mscale);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // word i: codes 8 i .. 8 i + 7 -> one 16-byte chunk
-      u32 o[4];
-      mx_e2m1_word(words[i], f1, f2, mscale > 128u, o);
+      for (int i = 0; i < 4; ++i) {  // word i: codes 8 i .. 8 i + 7 -> one 16-byte chunk
+        u32 o[4];
+        mx_e2m1_word(words[i], f1, f2, TWICE, o);
 #ifdef MP_HOST
-      emu_st_shared_v4(sb + swz(mr, 4 * mc + i), o);
+        emu_st_shared_v4(sb + swz(mr, 4 * mc + i), o);
 #else
-      asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(sb + swz(mr, 4 * mc + i)),
-                   "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3])
-                   : "memory");
+        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(sb + swz(mr, 4 * mc + i)),
+                     "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3])
+                     : "memory");
 #endif
-    }
+      }
+    };
+    if (__any_sync(0xffffffffu, mscale > 128u))
+      store(mp_bool<true>{});
+    else
+      store(mp_bool<false>{});
   };
 #endif
 

@@ -4,14 +4,30 @@
 #pragma once
 #include "moeplug_port.h"
 
-// Codes p and p + 4 of the 8 e2m1 codes in `v` as a bf16 pair times 2^-126 (the code's
-// exponent and mantissa bits placed at the bottom of the bf16 exponent; exact, subnormal for
-// 0.5): the multiply by 2^126 * scale restores the value.
-template <int P>
-__device__ __forceinline__ u32 mx_e2m1_pair(u32 v) {
-  u32 mag = P <= 1 ? v << (6 - 4 * P) : v >> (4 * P - 6);
-  u32 sgn = v << (12 - 4 * P);
-  return (mag & 0x01C001C0u) | (sgn & 0x80008000u);
+// Code pair P of `v` (P = 0..3: codes P and P + 4 of its 8 e2m1 codes) is a bf16 pair times
+// 2^-126: each code's sign at bit 15 of its half, its exponent and mantissa bits at bits 8..6
+// (the bottom of the bf16 exponent; exact, subnormal for 0.5), so that the multiply by
+// 2^126 * scale restores the value. mx_e2m1_pair2<S> gives pairs 2 S and 2 S + 1.
+//
+// Written directly, a pair is two shifts and two masks. Here one word y holds the magnitude
+// bits of codes 2 S, 2 S + 1 (and + 4) at the bottom of each half and their signs 6 bits
+// higher (where no magnitude bit is), so each pair is one left shift and one mask of y: 6-7
+// instructions per two pairs instead of 8. Left shifts, so that ptxas can put them on the FMA
+// pipe (IMAD.SHL) beside the LOP3s; rotations, which would save the S = 1 shift, cannot go
+// there.
+template <int S>
+__device__ __forceinline__ void mx_e2m1_pair2(u32 v, u32& lo, u32& hi) {
+  constexpr u32 MAGS = 0x00770077u, PAIR = 0x81C081C0u;  // y's magnitude bits; a pair's bits
+  u32 mags = S ? v >> 8 : v, sgns = S ? v >> 2 : v << 6, y;
+#ifdef MP_HOST
+  y = (mags & MAGS) | (sgns & ~MAGS);
+#else
+  // As asm: written in C, the compiler distributes the shifts below over this select and is
+  // back at two shifts and two masks per pair (SASS).
+  asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(y) : "r"(mags), "r"(sgns), "n"(MAGS));
+#endif
+  lo = (y << 6) & PAIR;
+  hi = (y << 2) & PAIR;
 }
 
 __device__ __forceinline__ u32 mx_bf16x2_mul(u32 a, u32 b) {
@@ -27,7 +43,7 @@ __device__ __forceinline__ u32 mx_bf16x2_mul(u32 a, u32 b) {
 #endif
 }
 
-// The two bf16 multipliers that turn mx_e2m1_pair's output into code * 2^(b - 127): one
+// The two bf16 multipliers that turn a decoded code pair into code * 2^(b - 127): one
 // multiply by 2^(b - 1) when that is a normal bf16 (b <= 128), else 2^126 then 2^(b - 127)
 // (b = 255: NaN, as the CPU's decoding).
 __device__ __forceinline__ void mx_factors(u32 b, u32& f1, u32& f2) {
@@ -37,11 +53,15 @@ __device__ __forceinline__ void mx_factors(u32 b, u32& f1, u32& f2) {
   f2 = h2 | h2 << 16;
 }
 
+// mx_factors' f1 where b <= 128 (then f2 is 1), in one IMAD: ((b + 126) << 7) in both halves.
+__device__ __forceinline__ u32 mx_factor_small(u32 b) { return b * 0x00800080u + 0x3F003F00u; }
+
 // Codes 2 j, 2 j + 1 of the word `v` for j = 0..3 (natural K order, for operand tiles that are
 // read with the activations' order), decoded and scaled as above.
 __device__ __forceinline__ void mx_e2m1_word(u32 v, u32 f1, u32 f2, bool twice, u32 out[4]) {
-  u32 p04 = mx_e2m1_pair<0>(v), p15 = mx_e2m1_pair<1>(v);
-  u32 p26 = mx_e2m1_pair<2>(v), p37 = mx_e2m1_pair<3>(v);
+  u32 p04, p15, p26, p37;
+  mx_e2m1_pair2<0>(v, p04, p15);
+  mx_e2m1_pair2<1>(v, p26, p37);
   out[0] = __byte_perm(p04, p15, 0x5410);  // codes 0, 1
   out[1] = __byte_perm(p26, p37, 0x5410);  // codes 2, 3
   out[2] = __byte_perm(p04, p15, 0x7632);  // codes 4, 5
