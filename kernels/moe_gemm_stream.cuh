@@ -22,8 +22,10 @@
 // - MXFP4 weights with bf16 activations: e2m1 -> bf16 by shifts and masks (8 codes per word),
 //   times 2^126 * the e8m0 scale by one exact bf16 multiply (MX scales are powers of two).
 // - FP8 e4m3fn weights (per tensor / channel / block 128) with fp8 activations (per token /
-//   tensor / 1x128): the fp8 MMA m16n8k32 (sm_89+); block scales fold into the fp32 sums per
-//   64-column step (a step never straddles a 128 block), the others apply in the epilogue.
+//   tensor / 1x128): the fp8 MMA m16n8k32 (sm_89+; sm_90 has no fp8 mma.sync, and ptxas runs
+//   it as e4m3 -> f16 conversions and two f16 MMAs: bench/NOTES.md, session 13); block scales
+//   fold into the fp32 sums per 64-column step (a step never straddles a 128 block), the
+//   others apply in the epilogue.
 #pragma once
 #include "moe_common.cuh"
 #include "mma_sm80.cuh"
