@@ -8,7 +8,6 @@
 #   san3: what san2 left (below)
 #   san4: what san3 left (below)
 #   check: the whole suite and the kit with peers (the session's new defaults)
-#   perf: MXFP4's weight tile with two blocks per SM against one, its tests, the peer alone
 # Carry target/release/libmoeplug.so, target/release/moeplug and .peers.
 source "$(dirname "$0")/dev_common.sh"
 sum=$OUT/summary.txt
@@ -18,6 +17,12 @@ san() {  # name, tool, env...
   local name=$1 tool=$2
   shift 2
   (env OUT="$OUT/$name" "$@" bash bench/sanitize.sh "$tool" 2>&1 | grep -v "^===" >"$OUT/$name.txt") &
+}
+# After the runs: every run's report into the summary.
+report() {
+  wait
+  for f in "$OUT"/*.txt; do [ "$f" = "$sum" ] || grep -v "^--- .* at " "$f"; done | tee -a "$sum"
+  stamp "$1" | tee -a "$sum"
 }
 case ${1:-san1} in
 san1 | san2)
@@ -32,9 +37,7 @@ san1 | san2)
     san init_rest initcheck SAN_SELECT=. SAN_EXCLUDE="$slow" SHARD=15/32 SAN_TIMEOUT=530
   fi
   san race racecheck SAN_SELECT=. SAN_EXCLUDE="$slow" SAN_JOBS=12 SHARD=$shards SAN_TIMEOUT=530
-  wait
-  for f in "$OUT"/*.txt; do [ "$f" = "$sum" ] || grep -v "^--- .* at " "$f"; done | tee -a "$sum"
-  stamp "$1" | tee -a "$sum"
+  report "$1"
   ;;
 san3)
   # What san2 left: shards 20-23 (their first tests, test_fused_combine's four children of
@@ -49,9 +52,7 @@ san3)
     SAN_TIMEOUT=${T:-470}
   san race_17 racecheck SAN_SELECT=. SAN_EXCLUDE="$slow" SHARD=17/24 SAN_TIMEOUT=${T:-470}
   san init_opcheck initcheck SAN_SELECT='test_opcheck_on_cuda' SAN_TIMEOUT=${T:-470}
-  wait
-  for f in "$OUT"/*.txt; do [ "$f" = "$sum" ] || grep -v "^--- .* at " "$f"; done | tee -a "$sum"
-  stamp "$1" | tee -a "$sum"
+  report "$1"
   ;;
 san4)
   # What san3 left: racecheck of test_fused_combine (now 12 tests of three formats each, one
@@ -66,30 +67,11 @@ san4)
   san race_ds racecheck SAN_SELECT="$ds" SAN_TIMEOUT=${T:-530}
   san race_left racecheck SAN_SELECT="$left" SAN_JOBS=2 SHARD=1,2/2 SAN_TIMEOUT=${T:-530}
   san init_opcheck initcheck SAN_SELECT='test_opcheck_on_cuda' SAN_TIMEOUT=${T:-530}
-  wait
-  for f in "$OUT"/*.txt; do [ "$f" = "$sum" ] || grep -v "^--- .* at " "$f"; done | tee -a "$sum"
-  stamp "$1" | tee -a "$sum"
+  report "$1"
   ;;
 check)
   # The session's default change on the GPU: the whole suite (MXFP4 on two blocks per SM from
   # 32 pairs per expert) and the kit with peers.
   suite_and_kit
-  ;;
-perf)
-  run_tests() {  # seconds, label, env, pytest args
-    local secs=$1 label=$2 envs=$3
-    shift 3
-    env $envs MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so timeout "$secs" python3 -m pytest -q \
-      -p no:cacheprovider -x "$@" >"$OUT/tests_$label.log" 2>&1
-    echo "tests $label [$envs]: rc=$? $(tail -1 "$OUT/tests_$label.log")" | tee -a "$sum"
-    grep -E "^(FAILED|ERROR)" "$OUT/tests_$label.log" | head -3 | tee -a "$sum"
-  }
-  run_tests 90 blocks2 "MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_BLOCKS=2" tests/gpu/test_fused_moe.py \
-    tests/gpu/test_launch_fields.py -k "mxfp4 or gpt-oss"
-  stamp tests | tee -a "$sum"
-  ROUNDS=2 AB_TIMEOUT=60 bash bench/ab.sh "MOEPLUG_GPU_FAMILY=wgmma" \
-    "MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_BLOCKS=2" "MOEPLUG_GPU_FAMILY=stream" \
-    -- --cases gptoss_mxfp4 --ms 256,1024,4096 2>&1 | tail -10 | tee -a "$sum"
-  stamp ab | tee -a "$sum"
   ;;
 esac
