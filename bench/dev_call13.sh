@@ -7,6 +7,7 @@
 #         initcheck of the other 18 tests of shard 15/32
 #   san3: what san2 left (below)
 #   san4: what san3 left (below)
+#   decode_ab: the MXFP4 decode change against its parent's library (carry target/ab too)
 #   check: the whole suite and the kit with peers (the session's new defaults)
 # Carry target/release/libmoeplug.so, target/release/moeplug and .peers.
 source "$(dirname "$0")/dev_common.sh"
@@ -68,6 +69,14 @@ san4)
   san race_left racecheck SAN_SELECT="$left" SAN_JOBS=2 SHARD=1,2/2 SAN_TIMEOUT=${T:-530}
   san init_opcheck initcheck SAN_SELECT='test_opcheck_on_cuda' SAN_TIMEOUT=${T:-530}
   report "$1"
+  ;;
+decode_ab)
+  # The MXFP4 decode change (690511b) alone: the library of its parent (target/ab, built as in
+  # bench/NOTES.md, session 13) against this one, two interleaved rounds, through the kit.
+  ROUNDS=2 AB_TIMEOUT=80 bash bench/ab.sh "MOEPLUG_LIBRARY=$PWD/target/ab/libmoeplug.so" \
+    "MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so" -- --cases gptoss_mxfp4 \
+    --ms 1,8,64,256,1024,4096 2>&1 | tail -10 | tee -a "$sum"
+  stamp "$1" | tee -a "$sum"
   ;;
 check)
   # The session's default change on the GPU: the whole suite (MXFP4 on two blocks per SM from
