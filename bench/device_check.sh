@@ -17,12 +17,18 @@ if [ "$what" != kit ] && [ "${SUITE_JOBS:-1}" -gt 1 ]; then
   # SUITE_JOBS pytest processes at once on the one GPU, each a contiguous run of the suite's
   # test ids (neighbouring tests share kernel configurations: each is compiled by one process,
   # and the disk cache serves the others); a cold suite is mostly NVRTC, which has the cores.
+  # test_fused_combine's 12 tests (each two child processes that compile their own kernels,
+  # ~20-60 s apiece) go round-robin: contiguous, they held process 0 past its limit
+  # (session 14).
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/gpu ${SUITE_ARGS:-} 2>/dev/null \
     | grep "::" >$OUT/suite_ids.txt
   total=$(wc -l <$OUT/suite_ids.txt)
   for g in $(seq 0 $((SUITE_JOBS - 1))); do
-    mapfile -t ids < <(awk -v g=$g -v n=$SUITE_JOBS -v t=$total \
-      'NR - 1 >= int(g * t / n) && NR - 1 < int((g + 1) * t / n)' $OUT/suite_ids.txt)
+    mapfile -t ids < <(awk -v g=$g -v n=$SUITE_JOBS '
+      /test_fused_combine/ { if (c++ % n == g) print; next }
+      { rest[r++] = $0 }
+      END { for (i = 0; i < r; i++) if (i >= int(g * r / n) && i < int((g + 1) * r / n)) print rest[i] }
+      ' $OUT/suite_ids.txt)
     timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rf "${ids[@]}" \
       >$OUT/suite_$g.log 2>&1 &
   done

@@ -60,7 +60,10 @@ def test_op_equals_the_plain_call(layer):
 def test_opcheck_on_cuda(layer):
     p, x, wts, ids = layer
     need = moeplug.fused_moe_workspace_size(x, p, wts, ids, **KW)
-    ws = torch.empty(need, dtype=torch.uint8, device="cuda")
+    # Poisoned, not empty: opcheck clones every argument, and a clone of never-written bytes
+    # is what compute-sanitizer initcheck reported here (session 14); the op must not depend
+    # on what the workspace held.
+    ws = torch.full((need,), 0xA5, dtype=torch.uint8, device="cuda")
     torch.library.opcheck(torch.ops.moeplug.fused_moe.default, _args(p, x, wts, ids, ws), _kwargs(p))
     torch.library.opcheck(torch.ops.moeplug.fused_moe.default, _args(p, x, wts, ids), _kwargs(p))
 
