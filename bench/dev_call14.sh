@@ -4,6 +4,7 @@
 #        apart in 6 shards of two tests), and test_fused_combine's tile32 tests without the
 #        sanitizer, timed (the suite's process 0 stopped inside them at its 330 s limit)
 #   mem2: memcheck again, the real shapes apart (the first pass ran out of GPU memory)
+#   san5: what san4 left of racecheck (test_fused_combine one format per test)
 #   san4: session 13's san4 (racecheck of test_fused_combine and of the tests left, initcheck
 #        of test_opcheck_on_cuda)
 # Carry target/release/libmoeplug.so, target/release/moeplug and .peers.
@@ -46,5 +47,14 @@ mem2)
   ;;
 san4)
   bash bench/dev_call13.sh san4
+  ;;
+san5)
+  # What san4 left of racecheck (not yet run): test_fused_combine's groups that ran past 560 s,
+  # now one format per test under the sanitizer (18 tests, one sanitizer each). Not here:
+  # deepseek-v3 M = 1024, which ran past 560 s alone.
+  left_combine="$combine::.*\\[((heuristics|stream|tile32)-(mxfp8|int4_group32|int4_per_channel)|fp32-.*)\\]"
+  san race_combine racecheck SAN_SELECT="$left_combine" SAN_JOBS=15 \
+    SHARD=$(seq -s, 1 18)/18 SAN_TIMEOUT=${T:-540}
+  report "$1"
   ;;
 esac
