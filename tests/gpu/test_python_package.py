@@ -113,3 +113,22 @@ def test_fused_moe_is_captured_in_a_cuda_graph(layer):
     fresh = moeplug.fused_moe(xs, dev, w, idx, activation="swiglu_oai")
     torch.cuda.synchronize()
     assert torch.equal(out, fresh)
+
+
+def test_cuda_caps_report_the_packed_limits_and_a_launch_past_them_is_refused(layer):
+    """The GPU kernels route with AITER's packed `(slot << 24) | token`: caps say so, and k = 129
+    on a real device is UNSUPPORTED naming the limit, the output untouched (issue 14)."""
+    caps = moeplug.get_caps("cuda:0")
+    assert (caps.max_tokens, caps.max_topk) == (2**24 - 1, 128)
+    w13, w2, b13, b2, x, _, _ = layer
+    _, dev = prepare(w13.cuda(), w2.cuda(), b13.cuda(), b2.cuda())
+    g = torch.Generator(device="cuda").manual_seed(5)
+    ids = torch.randint(0, E, (M, 129), device="cuda", generator=g, dtype=torch.int32)
+    wts = torch.rand(M, 129, device="cuda", generator=g)
+    out = torch.full((M, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(moeplug.MoeplugError) as e:
+        moeplug.fused_moe(x.cuda(), dev, wts, ids, activation="swiglu_oai", out=out)
+    assert e.value.name == "MOEPLUG_UNSUPPORTED"
+    assert "at most 16777215 tokens and 128 slots per token" in e.value.message, e.value.message
+    torch.cuda.synchronize()
+    assert out.isnan().all()
