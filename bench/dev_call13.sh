@@ -11,20 +11,7 @@
 #   check: the whole suite and the kit with peers (the session's new defaults)
 # Carry target/release/libmoeplug.so, target/release/moeplug and .peers.
 source "$(dirname "$0")/dev_common.sh"
-sum=$OUT/summary.txt
 slow='test_many_tokens|test_real_shapes\[gpt-oss-120b-1024\]'
-# One sanitizer run in its own OUT folder, in the background; its report goes to $OUT/<name>.txt.
-san() {  # name, tool, env...
-  local name=$1 tool=$2
-  shift 2
-  (env OUT="$OUT/$name" "$@" bash bench/sanitize.sh "$tool" 2>&1 | grep -v "^===" >"$OUT/$name.txt") &
-}
-# After the runs: every run's report into the summary.
-report() {
-  wait
-  for f in "$OUT"/*.txt; do [ "$f" = "$sum" ] || grep -v "^--- .* at " "$f"; done | tee -a "$sum"
-  stamp "$1" | tee -a "$sum"
-}
 case ${1:-san1} in
 san1 | san2)
   if [ "$1" = san1 ]; then

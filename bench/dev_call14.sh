@@ -9,17 +9,6 @@
 #        of test_opcheck_on_cuda)
 # Carry target/release/libmoeplug.so, target/release/moeplug and .peers.
 source "$(dirname "$0")/dev_common.sh"
-sum=$OUT/summary.txt
-san() {  # name, tool, env...: one sanitizer run in the background, its report in $OUT/<name>.txt
-  local name=$1 tool=$2
-  shift 2
-  (env OUT="$OUT/$name" "$@" bash bench/sanitize.sh "$tool" 2>&1 | grep -v "^===" >"$OUT/$name.txt") &
-}
-report() {
-  wait
-  for f in "$OUT"/*.txt; do [ "$f" = "$sum" ] || grep -v "^--- .* at " "$f"; done | tee -a "$sum"
-  stamp "$1" | tee -a "$sum"
-}
 combine='test_fused_combine\.py'
 case ${1:-mem} in
 mem)

@@ -10,3 +10,16 @@ suite_and_kit() {
   KIT_TIMEOUT=200 bash bench/device_check.sh kit
   stamp kit
 }
+sum=$OUT/summary.txt
+# One sanitizer run in its own OUT folder, in the background; its report goes to $OUT/<name>.txt.
+san() {  # name, tool, env...
+  local name=$1 tool=$2
+  shift 2
+  (env OUT="$OUT/$name" "$@" bash bench/sanitize.sh "$tool" 2>&1 | grep -v "^===" >"$OUT/$name.txt") &
+}
+# After the runs: every run's report into the summary.
+report() {
+  wait
+  for f in "$OUT"/*.txt; do [ "$f" = "$sum" ] || grep -v "^--- .* at " "$f"; done | tee -a "$sum"
+  stamp "$1" | tee -a "$sum"
+}
