@@ -403,10 +403,11 @@ pub fn quantize_mx(
         groups[n % threads].push(part);
     }
     let workers = crate::runtime::progress::Workers::new();
+    let workers = &workers;
     std::thread::scope(|scope| {
-        for group in groups.into_iter().filter(|g| !g.is_empty()) {
-            let (workers, running) = (&workers, workers.enter());
-            scope.spawn(move || {
+        let jobs = groups.into_iter().filter(|g| !g.is_empty()).map(|group| {
+            let running = workers.enter();
+            move || {
                 let _running = running;
                 for (i, (s, qb)) in group {
                     let part = src.slice(i * per * MX_BLOCK, s.len() * MX_BLOCK);
@@ -414,8 +415,9 @@ pub fn quantize_mx(
                     quantize_blocks(part, mode, dtype, qb, s);
                     workers.finished(bytes);
                 }
-            });
-        }
+            }
+        });
+        crate::runtime::threads::run_jobs(scope, jobs);
         workers.report_until_done();
     });
 }

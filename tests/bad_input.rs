@@ -502,6 +502,41 @@ fn a_large_launch_runs_under_a_1_gib_address_space_limit() {
     println!("child done");
 }
 
+/// The same launch with 64 and 128 workers under the 1 GiB limit: the OS refuses some of the
+/// threads (their stacks and malloc arenas do not fit), and the launch still runs (it was
+/// INTERNAL "failed to spawn thread"), with the same bytes as one worker. The worker counts
+/// are the caller's, so this fails without the fallback on any machine.
+#[test]
+fn workers_the_os_refuses_under_a_1_gib_limit_still_give_the_result() {
+    if std::env::var_os("MOEPLUG_ADDRESS_LIMIT_CHILD").is_none() {
+        return in_child("workers_the_os_refuses_under_a_1_gib_limit_still_give_the_result");
+    }
+    // Prints the warning of a refused worker (the run's output shows the path was taken).
+    unsafe extern "C" fn print_log(
+        _level: i32,
+        msg: *const std::ffi::c_char,
+        _: *mut libc::c_void,
+    ) {
+        println!("log: {}", unsafe { CStr::from_ptr(msg) }.to_string_lossy());
+    }
+    let st = moeplug_set_log_callback(Some(print_log), ptr::null_mut());
+    assert_eq!(st, moeplug_status::MoeplugOk);
+    let mut l = big_launch();
+    limit_address_space(1 << 30);
+    let mut runs = Vec::new();
+    for n in [64u32, 128, 1] {
+        assert_eq!(moeplug_set_num_threads(n), moeplug_status::MoeplugOk);
+        l.output.fill(0);
+        let (st, msg) = l.run();
+        assert_eq!(st, moeplug_status::MoeplugOk, "{n} threads: {msg}");
+        runs.push(l.output.clone());
+    }
+    assert!(runs[2].iter().any(|&v| v != 0));
+    assert!(runs[0] == runs[2], "64 threads differ from 1");
+    assert!(runs[1] == runs[2], "128 threads differ from 1");
+    println!("child done");
+}
+
 /// With only 32 MiB of address space to spare, the scratch cannot be had: OUT_OF_MEMORY with
 /// a message, the output untouched, the process alive.
 #[test]

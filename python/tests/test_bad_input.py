@@ -3,6 +3,11 @@ them (2**32 + 1 would run as 1, 1.9 as 1), and errors name the call and argument
 used (not an IndexError, not the workspace query fused_moe makes on the caller's behalf)."""
 
 import ctypes
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -89,3 +94,45 @@ def test_fused_moe_argument_errors_name_fused_moe():
 def test_caps_report_the_launch_limits():
     caps = moeplug.get_caps("cpu")
     assert (caps.max_tokens, caps.max_topk) == (2**64 - 1, 2**64 - 1)
+
+
+# The child of the test below: inputs and output are allocated first (the limit is on the whole
+# process, and Python with numpy already maps ~400 MB), then RLIMIT_AS = 1 GiB, then a launch
+# with 128 workers: the CPU backend's scratch is bounded, and the workers the OS refuses (their
+# stacks do not fit) leave their work to the calling thread instead of failing the launch.
+_LIMITED_LAUNCH = textwrap.dedent("""
+    import resource
+    import ml_dtypes
+    import numpy as np
+    import moeplug
+
+    bf16 = ml_dtypes.bfloat16
+    M, K, H, I, E = 2**18, 8, 128, 256, 8
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((M, H), np.float32).astype(bf16)
+    w13 = (rng.standard_normal((E, 2 * I, H), np.float32) * 0.1).astype(bf16)
+    w2 = (rng.standard_normal((E, H, I), np.float32) * 0.1).astype(bf16)
+    ids = np.argsort(rng.random((M, E), np.float32), axis=1)[:, :K].astype(np.int32)
+    wts = rng.random((M, K), np.float32)
+    p = moeplug.prepare_moe(w13, w2, weight_format="bf16")
+    out = np.zeros((M, H), bf16)
+    rows = np.array([0, 1, 77777, M // 2 + 3, M - 1])
+    small = np.zeros((len(rows), H), bf16)
+    moeplug.set_num_threads(128)
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+    moeplug.fused_moe(x, p, wts, ids, out=out)
+    # The same tokens in a launch of their own give the same bytes.
+    moeplug.fused_moe(x[rows], p, wts[rows], ids[rows], out=small)
+    assert np.isfinite(small.astype(np.float32)).all() and small.astype(np.float32).any()
+    np.testing.assert_array_equal(out[rows].view(np.uint16), small.view(np.uint16))
+    print("child done")
+""")
+
+
+def test_a_2_pow_18_token_launch_runs_under_a_1_gib_address_space_limit():
+    python_dir = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(filter(None, [str(python_dir), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", _LIMITED_LAUNCH], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, f"child exited {r.returncode} (negative: a signal)\n{r.stdout}\n{r.stderr}"
+    assert "child done" in r.stdout, r.stdout + r.stderr

@@ -36,18 +36,20 @@ where
     }
     let body = &body;
     let workers = progress::Workers::new();
+    let workers = &workers;
     std::thread::scope(|s| {
-        for group in groups {
-            let (workers, running) = (&workers, workers.enter());
-            s.spawn(move || {
+        let jobs = groups.into_iter().map(|group| {
+            let running = workers.enter();
+            move || {
                 let _running = running;
                 for (first, chunk) in group {
                     let bytes = chunk.len();
                     body(first, chunk);
                     workers.finished(bytes);
                 }
-            });
-        }
+            }
+        });
+        threads::run_jobs(s, jobs);
         workers.report_until_done();
     });
 }

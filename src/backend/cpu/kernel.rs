@@ -19,6 +19,7 @@ use crate::moe::act::GatedAct;
 use crate::moe::actquant::{self, Fp8Kind, MxElem};
 use crate::moe::check::LaunchShape;
 use crate::moe::MoeLaunch;
+use crate::runtime::threads::run_jobs;
 use crate::tensor::{ElemType, Tensor};
 use crate::types::{ActDtype, GateMode, WeightFormat};
 
@@ -59,18 +60,21 @@ fn parallel_items<S: Send>(n: usize, scratches: &mut [S], work: impl Fn(&mut S, 
         }
         return;
     }
+    // Items come from a shared counter: a worker the OS refuses leaves its items to the rest
+    // (its job runs on the calling thread, after the others have started).
     let next = AtomicUsize::new(0);
+    let (next, work) = (&next, &work);
     std::thread::scope(|scope| {
-        for s in scratches[..workers].iter_mut() {
-            let (next, work) = (&next, &work);
-            scope.spawn(move || loop {
+        let jobs = scratches[..workers].iter_mut().map(|s| {
+            move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= n {
                     break;
                 }
                 work(s, i);
-            });
-        }
+            }
+        });
+        run_jobs(scope, jobs);
     });
 }
 
@@ -88,15 +92,16 @@ fn parallel_rows(buf: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + 
         return;
     }
     let per = rows.div_ceil(threads().max(1)).max(1);
+    let f = &f;
     std::thread::scope(|scope| {
-        for (c, chunk) in buf.chunks_mut(per * width).enumerate() {
-            let f = &f;
-            scope.spawn(move || {
+        let jobs = buf.chunks_mut(per * width).enumerate().map(|(c, chunk)| {
+            move || {
                 for (r, row) in chunk.chunks_mut(width).enumerate() {
                     f(c * per + r, row);
                 }
-            });
-        }
+            }
+        });
+        run_jobs(scope, jobs);
     });
 }
 

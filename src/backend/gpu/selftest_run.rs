@@ -199,15 +199,16 @@ fn warm_cache(dev: &GpuBackend, specs: &[KernelSpec]) {
         return;
     }
     std::thread::scope(|s| {
-        for spec in specs {
-            s.spawn(move || {
+        let jobs = specs.iter().map(|spec| {
+            move || {
                 if let Ok(c) =
                     super::cache::compile(dev.api, &spec.compile_arch(&dev.arch), &spec.defines())
                 {
                     super::record_compile(&c);
                 }
-            });
-        }
+            }
+        });
+        crate::runtime::threads::run_jobs(s, jobs);
     });
 }
 
