@@ -726,11 +726,25 @@ fn cb_reenter_wanted() -> bool {
     SEEN.with(|s| s.try_borrow().is_ok_and(|s| s.reenter))
 }
 
-unsafe extern "C" fn log_cb(level: i32, message: *const c_char, user: *mut c_void) {
+/// The shared part of both callbacks: refuse nesting, try the setters from inside when the
+/// input asks, check `user` and the string argument (`what` names it in a flag), then run
+/// `body` on what was seen.
+fn in_callback(
+    kind: &str,
+    what: &str,
+    user: *mut c_void,
+    text: *const c_char,
+    body: impl FnOnce(&mut Seen, String),
+) {
     if !cb_enter() {
         return;
     }
-    let text = (!message.is_null()).then(|| CStr::from_ptr(message).to_string_lossy().into_owned());
+    // SAFETY: the library passes a NUL-terminated string valid during the callback, or NULL.
+    let text = (!text.is_null()).then(|| {
+        unsafe { CStr::from_ptr(text) }
+            .to_string_lossy()
+            .into_owned()
+    });
     let nested = if cb_reenter_wanted() {
         reenter()
     } else {
@@ -739,19 +753,11 @@ unsafe extern "C" fn log_cb(level: i32, message: *const c_char, user: *mut c_voi
     SEEN.with(|s| {
         if let Ok(mut s) = s.try_borrow_mut() {
             if user != user_mark() {
-                s.flag(format!("log callback: user {user:p}"));
+                s.flag(format!("{kind} callback: user {user:p}"));
             }
             match text {
-                None => s.flag("log callback: NULL message".into()),
-                Some(t) => {
-                    if !(2..=4).contains(&level) {
-                        s.flag(format!("log level {level}: {t}"));
-                    }
-                    if t.is_empty() {
-                        s.flag("log callback: empty message".into());
-                    }
-                    s.last_log = Some((level, t));
-                }
+                None => s.flag(format!("{kind} callback: NULL {what}")),
+                Some(t) => body(&mut s, t),
             }
             if s.nested.len() < 16 {
                 s.nested.extend(nested);
@@ -761,45 +767,35 @@ unsafe extern "C" fn log_cb(level: i32, message: *const c_char, user: *mut c_voi
     IN_CB.with(|c| c.set(false));
 }
 
+unsafe extern "C" fn log_cb(level: i32, message: *const c_char, user: *mut c_void) {
+    in_callback("log", "message", user, message, |s, t| {
+        if !(2..=4).contains(&level) {
+            s.flag(format!("log level {level}: {t}"));
+        }
+        if t.is_empty() {
+            s.flag("log callback: empty message".into());
+        }
+        s.last_log = Some((level, t));
+    });
+}
+
 unsafe extern "C" fn progress_cb(op: *const c_char, done: u64, total: u64, user: *mut c_void) {
-    if !cb_enter() {
-        return;
-    }
-    let op = (!op.is_null()).then(|| CStr::from_ptr(op).to_string_lossy().into_owned());
-    let nested = if cb_reenter_wanted() {
-        reenter()
-    } else {
-        Vec::new()
-    };
-    SEEN.with(|s| {
-        if let Ok(mut s) = s.try_borrow_mut() {
-            if user != user_mark() {
-                s.flag(format!("progress callback: user {user:p}"));
-            }
-            let Some(op) = op else {
-                s.flag("progress callback: NULL operation".into());
-                return;
-            };
-            if done > total {
-                s.flag(format!("progress {op}: done {done} > total {total}"));
-            }
-            match s.report.take() {
-                None => s.report = Some((op, done, done, total)),
-                Some((o, first, last, t)) => {
-                    if o != op || t != total || done <= last {
-                        s.flag(format!(
-                            "progress: ({op}, {done}, {total}) after ({o}, {last}, {t})"
-                        ));
-                    }
-                    s.report = Some((o, first, done, t));
+    in_callback("progress", "operation", user, op, |s, op| {
+        if done > total {
+            s.flag(format!("progress {op}: done {done} > total {total}"));
+        }
+        match s.report.take() {
+            None => s.report = Some((op, done, done, total)),
+            Some((o, first, last, t)) => {
+                if o != op || t != total || done <= last {
+                    s.flag(format!(
+                        "progress: ({op}, {done}, {total}) after ({o}, {last}, {t})"
+                    ));
                 }
-            }
-            if s.nested.len() < 16 {
-                s.nested.extend(nested);
+                s.report = Some((o, first, done, t));
             }
         }
     });
-    IN_CB.with(|c| c.set(false));
 }
 
 /// What the callbacks saw of the call `what` that returned `s` (message `m`).
