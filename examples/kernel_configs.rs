@@ -25,7 +25,7 @@ use moeplug::backend::gpu::heuristics::selectable;
 use moeplug::backend::gpu::hip::hiprtc_options;
 use moeplug::backend::gpu::kernel_configs::{headers, hip_exclusion, UNITS};
 use moeplug::backend::gpu::spec::{Family, KernelSpec};
-use moeplug::backend::gpu::tma::{geometry, WeightTensor};
+use moeplug::backend::gpu::tma::{geometry, stage_weights, StageShapes};
 
 /// A spec's defines plus what the emulator's launches need from the host: the columns one
 /// block of stage 1 / stage 2 covers, the GEMM block's threads and dynamic shared memory
@@ -57,28 +57,16 @@ const EMU_WG_PROBLEM: [usize; 6] = [512, 512, 224, 256, 3, 4];
 /// comma list for `-DEMU_TMA1` / `-DEMU_TMA2`.
 fn emulated_tma_geometry(spec: &KernelSpec) -> [String; 2] {
     let [h, hp, i, ip, masked, all] = EMU_WG_PROBLEM;
-    let experts = if spec.has_mask { masked } else { all };
-    let bytes = if spec.act_dtype.is_quantized() { 1 } else { 2 };
-    let rows = spec.wgmma_block_rows();
-    let w13 = WeightTensor {
-        address: 0,
-        experts,
-        rows: 2 * ip,
-        row_bytes: hp * bytes,
-        k_bytes: h * bytes,
-        gated: Some((spec.gate_mode, ip)),
-        block_rows: rows,
+    let shapes = StageShapes {
+        experts: if spec.has_mask { masked } else { all },
+        hidden: h,
+        hidden_padded: hp,
+        intermediate: i,
+        intermediate_padded: ip,
+        elem_bytes: if spec.act_dtype.is_quantized() { 1 } else { 2 },
+        gate_mode: spec.gate_mode,
     };
-    let w2 = WeightTensor {
-        address: 0,
-        experts,
-        rows: hp,
-        row_bytes: ip * bytes,
-        k_bytes: i * bytes,
-        gated: None,
-        block_rows: rows,
-    };
-    [w13, w2].map(|w| {
+    stage_weights(&shapes, [0, 0], spec.wgmma_box_rows()).map(|w| {
         let (dims, strides, boxes) = geometry(&w).expect("tensor map of the emulated problem");
         let all: Vec<String> = (dims.iter().chain(&strides).map(|v| v.to_string()))
             .chain(boxes.iter().map(|v| v.to_string()))

@@ -31,9 +31,11 @@
 // Each warpgroup's WG_N weight rows of stage 1 are WG_N / 2 gate and WG_N / 2 up rows of the
 // same output columns, so the epilogue pairs them in-thread.
 //
-// Two ways to fill the ring, both on 128-row tiles of AITER 16x16 weights (not MXFP4):
-// - WG_TMA: the weight tile by one TMA copy per stage (no swizzle, [chunk][row] core
-//   matrices), completing on the stage's mbarrier; activations as above.
+// Two ways to fill the ring, both on AITER 16x16 weights (not MXFP4):
+// - WG_TMA: the weight tile by TMA copies (no swizzle, [chunk][row] core matrices),
+//   completing on the stage's mbarrier; activations as above. One copy (box) per warpgroup's
+//   WG_N weight rows: one per stage on 128-row tiles, where the warpgroups share the rows, two
+//   on 64-row tiles, each warpgroup's own rows in a region of their own.
 // - WG_WS (needs WG_TMA): warp-specialised and persistent, moe_gemm_wg_ws below.
 // Measured on the H200 (bench/NOTES.md): warp specialisation 3-10 % at M = 1024 (session 4);
 // TMA boxes whose innermost row is 256 bytes, not 16, cut the L2 requests 4.6x and made the
@@ -77,9 +79,10 @@
 #if WG_RS && (!WG_MX4 || WG_N != BM || WG_TMA)
 #error "register-operand weights: MXFP4, the MMA's N the tile's BM sorted rows, without TMA"
 #endif
-#if WG_TMA && (WLAYOUT != WL_AITER_16X16 || BM != 128 || WG_MX4)
-#error "TMA weight tiles: AITER 16x16 weights of a 16-bit or fp8 format, 128-row tiles"
+#if WG_TMA && (WLAYOUT != WL_AITER_16X16 || WG_MX4)
+#error "TMA weight tiles: AITER 16x16 weights of a 16-bit or fp8 format"
 #endif
+#define WG_BOXES (WG_B_ROWS / WG_N)  // TMA weight boxes per stage, one per warpgroup's rows
 #define WG_KSTEP (WG_ROW / WG_ESIZE)  // K values per step
 #define WG_FOLD (ACT_Q != 0)                 // fp8: two-level sums
 #define WG_KSCALE (WFMT == WF_FP8_BLOCK128)  // a weight/activation scale per step
@@ -173,8 +176,8 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
 // Box (a 16-row group's 16-byte chunk column of 256 bytes, 1, group, gate/up half, K chunk) of
 // the tensor map (src/backend/gpu/tma.rs) at coordinates {0, 0, group, 0, chunk} into shared
 // memory as [chunk][row][16 bytes].
-__device__ __forceinline__ void tma_load_weights(u32 dst, const WgTmaMap* map, int group,
-                                                 int chunk, u32 bar) {
+__device__ __forceinline__ void tma_load_box(u32 dst, const WgTmaMap* map, int group, int chunk,
+                                             u32 bar) {
 #ifdef MP_HOST
   emu_tma_load_5d(dst, map->words, 0, 0, group, 0, chunk, bar);
 #else
@@ -186,14 +189,38 @@ __device__ __forceinline__ void tma_load_weights(u32 dst, const WgTmaMap* map, i
 #endif
 }
 
+// The map's 16-row group of a block's first weight row (its columns from n0; stage 1 counts
+// gate groups: SEPARATED's up groups are Ip / 16 further, the map's half stride; INTERLEAVE's
+// groups are gate/up pairs).
+template <bool GATED>
+__device__ __forceinline__ int wg_tma_group(int e, int Nst, int n0) {
+  if (!GATED) return (e * Nst + n0) >> 4;
+  return GATE == GM_INTERLEAVE ? (e * Nst >> 5) + (n0 >> 4) : (e * Nst + n0) >> 4;
+}
+
+// The block's weight tile of K step ks into the stage's weight tile at sb, completing on bar:
+// one box per warpgroup's WG_N rows (stage 1: the gate and up rows of WG_N / 2 columns), each
+// at its warpgroup's rows.
+template <bool GATED>
+__device__ __forceinline__ void tma_load_weights(u32 sb, const WgTmaMap* map, int group, int ks,
+                                                 u32 bar) {
+  mbar_expect_bytes(bar, WG_B_BYTES);
+#pragma unroll
+  for (int b = 0; b < WG_BOXES; ++b)
+    tma_load_box(sb + (u32)(b * WG_N * WG_ROW), map, group + b * (GATED ? WG_N / 2 : WG_N) / 16,
+                 ks * (WG_ROW / 16), bar);
+}
+
 // Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile.
 __device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * WG_ROW + ((c ^ (r & 7)) << 4)); }
 
-// Descriptor of the weight tile's K slice kk (16-bit: 16 values, fp8: 32) from its stage base:
-// 128-byte swizzled rows (cp.async) or [chunk][row] core matrices (TMA).
+// Descriptor of a warpgroup's weight rows, K slice kk (16-bit: 16 values, fp8: 32), from their
+// base in the stage (the stage's weight tile plus the warpgroup's first row x 128 bytes, which
+// is also where its TMA box lands): 128-byte swizzled rows (cp.async) or the box's [chunk][row]
+// core matrices (TMA).
 __device__ __forceinline__ u64 wg_b_desc(u32 sb, int kk) {
 #if WG_TMA
-  return wgmma_desc_plain(sb + (u32)(2 * kk * WG_B_ROWS * 16), WG_B_ROWS * 16);
+  return wgmma_desc_plain(sb + (u32)(2 * kk * WG_N * 16), WG_N * 16);
 #else
   return wgmma_desc(sb + 32 * kk);
 #endif
@@ -416,10 +443,7 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   i64 kbytes = (i64)K * WG_ESIZE;  // bytes of a row that are real columns
   int nk = (K + WG_KSTEP - 1) / WG_KSTEP;
 #if WG_TMA
-  // The block's first 16-row group in the map: stage 1 counts gate groups (SEPARATED: up
-  // groups Ip / 16 further, the map's half stride; INTERLEAVE: gate/up group pairs).
-  int tma_group = GATED ? (GATE == GM_INTERLEAVE ? (e * Nst >> 5) + (n0 >> 4) : (e * Nst + n0) >> 4)
-                        : (e * Nst + n0) >> 4;
+  int tma_group = wg_tma_group<GATED>(e, Nst, n0);
   u32 full0 = smem_addr(&s_full[0]);
   if (tid == 0) {
     for (int s = 0; s < WG_STAGES; ++s) mbar_init(full0 + 8 * s, 1);
@@ -505,11 +529,7 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     u32 sa = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES, sb = sa + WG_A_BYTES;
     acts.copy(p, sa, ks, kbytes);
 #if WG_TMA
-    if (tid == 0) {
-      u32 bar = full0 + 8 * (ks % WG_STAGES);
-      mbar_expect_bytes(bar, WG_B_BYTES);
-      tma_load_weights(sb, wmap, tma_group, ks * (WG_ROW / 16), bar);
-    }
+    if (tid == 0) tma_load_weights<GATED>(sb, wmap, tma_group, ks, full0 + 8 * (ks % WG_STAGES));
 #else
 #pragma unroll
     for (int i = 0; i < (WG_MX4 ? 0 : WG_B_CHUNKS); ++i) {
@@ -760,8 +780,8 @@ __device__ void moe_gemm_wg_rs(const Params& p) {
 // activation rows) and the TMA bytes (the weight tile) are in, and an `empty` barrier when the
 // 8 consumer warps are done reading it; the producer runs up to WG_STAGES steps ahead, across
 // tiles, so the next tile's copies fly during this tile's epilogue.
-#if !WG_TMA || BM != 128 || WG_MX4
-#error "the warp-specialised kernel takes TMA weight tiles of 128-row blocks"
+#if !WG_TMA || WG_MX4
+#error "the warp-specialised kernel takes TMA weight tiles"
 #endif
 #if WG_N == 256 && WG_FOLD
 #error "128 x 256 blocks: 16-bit operands (fp8 partial sums need a second accumulator)"
@@ -850,22 +870,18 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       int tile, n0;
       wg_work<GATED>(w, tiles, nblk, tile, n0);
       int e = tile_expert[tile];
-      const u8* asrc[8];
+      const u8* asrc[BM / 16];
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
+      for (int i = 0; i < BM / 16; ++i)
         asrc[i] = wg_act_row<GATED>(p, sorted[tile * BM + (tid >> 3) + 16 * i], K);
-      int group = GATED ? (GATE == GM_INTERLEAVE ? (e * Nst >> 5) + (n0 >> 4) : (e * Nst + n0) >> 4)
-                        : (e * Nst + n0) >> 4;
+      int group = wg_tma_group<GATED>(e, Nst, n0);
       for (int ks = 0; ks < nk; ++ks, ++it) {
         int st = it % WG_STAGES;
         mbar_wait(empty0 + 8 * st, ((it / WG_STAGES) & 1) ^ 1);  // first pass: free
         u32 sa = base + (u32)st * WG_STAGE_BYTES, bar = full0 + 8 * st;
-        if (tid == 0) {
-          mbar_expect_bytes(bar, WG_B_BYTES);
-          tma_load_weights(sa + WG_A_BYTES, wmap, group, ks * (WG_ROW / 16), bar);
-        }
+        if (tid == 0) tma_load_weights<GATED>(sa + WG_A_BYTES, wmap, group, ks, bar);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int i = 0; i < BM / 16; ++i) {
           i64 off = (i64)ks * WG_ROW + ac * 16;
           bool ok = asrc[i] && off < kbytes;
           cp_async16(sa + swz((tid >> 3) + 16 * i, ac), ok ? asrc[i] + off : (const u8*)p.x,
@@ -878,12 +894,12 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
     return;
   }
 
-  // Consumers: warpgroup wg multiplies sorted rows 64 wg .. 64 wg + 63 by the block's WG_N
-  // weight rows.
+  // Consumers: on 128-row tiles warpgroup wg multiplies sorted rows 64 wg .. 64 wg + 63 by
+  // the block's WG_N weight rows; on 64-row tiles the tile's rows by weight rows WG_N wg ..
   wg_regs_inc<WG_WS_CONSUMER_REGS>();
   int ctid = tid - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
   int gid = lane >> 2, tig = lane & 3;
-  int a_row0 = 64 * wg;
+  int a_row0 = BM == 128 ? 64 * wg : 0, b_row0 = BM == 128 ? 0 : WG_N * wg;
   u32 it = 0;  // ring steps consumed
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     int tile, n0;
@@ -898,7 +914,7 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
     float part[WG_ACC];
 #endif
 #if WG_FOLD
-    WgFold<GATED> folder(p, e, n0, 0, rows);
+    WgFold<GATED> folder(p, e, n0, b_row0, rows);
 #endif
     for (int ks = 0; ks < nk; ++ks, ++it) {
       int st = it % WG_STAGES;
@@ -907,7 +923,7 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       // made them visible to this thread, the fence to its wgmma (the async proxy).
       fence_proxy_async();
       u32 sa = base + (u32)st * WG_STAGE_BYTES + (u32)(a_row0 * WG_ROW);
-      u32 sb = base + (u32)st * WG_STAGE_BYTES + WG_A_BYTES;
+      u32 sb = base + (u32)st * WG_STAGE_BYTES + WG_A_BYTES + (u32)(b_row0 * WG_ROW);
       wgmma_fence();
 #if WG_FOLD
 #pragma unroll
@@ -930,7 +946,7 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
     wgmma_wait<0>();
     if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
 #endif
-    wg_epilogue<GATED>(p, e, n0, 0, tig, rows, acc);
+    wg_epilogue<GATED>(p, e, n0, b_row0, tig, rows, acc);
   }
 }
 

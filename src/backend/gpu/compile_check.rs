@@ -161,6 +161,23 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(specialised);
+                                // The warp-specialised kernel on 64-row tiles (two TMA boxes a
+                                // stage, one per warpgroup's weight rows; MOEPLUG_WGMMA_BM=64,
+                                // opt-in until measured): that variant of every other
+                                // configuration without it.
+                                let short_tiles = (family == Family::Wgmma
+                                    && chosen % 2 == 0
+                                    && !(spec.wgmma_ws && spec.wgmma_bm == 64))
+                                    .then(|| KernelSpec {
+                                        wgmma_tma: true,
+                                        wgmma_ws: true,
+                                        wgmma_bm: 64,
+                                        wgmma_n: 128,
+                                        wgmma_blocks: 1,
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(short_tiles);
                                 // MXFP4 weights as the register operand (an opt-in,
                                 // MOEPLUG_WGMMA_RS=1) on 128- and 64-row tiles, in the default's
                                 // grouped order (groups of 3, as above): those variants of

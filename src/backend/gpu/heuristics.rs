@@ -38,16 +38,33 @@ pub const WGMMA_MIN_PAIRS_PER_EXPERT_MXFP4: usize = 32;
 /// session 9).
 pub const WGMMA_MIN_PAIRS_PER_EXPERT_FP8_BLOCK: usize = 16;
 
-/// `MOEPLUG_WGMMA_N=128|256`, `MOEPLUG_WGMMA_BM=64|128`, `MOEPLUG_WGMMA_BLOCKS=1|2`:
+/// `MOEPLUG_WGMMA_N=128|256`, `MOEPLUG_WGMMA_BM=64|128|auto`, `MOEPLUG_WGMMA_BLOCKS=1|2`:
 /// diagnostic overrides of the wgmma family's block shape and blocks per SM (benchmarks). The
-/// defaults: 128-row tiles, one block per SM (64-row tiles measured 4-40 % slower), and 256
-/// weight rows where the warp-specialised kernel takes them (16-bit operands: 5-10 % faster
-/// than 128 on Qwen3 and gpt-oss bf16 at M = 1024 / 4096, bench/NOTES.md session 11), else
-/// 128.
+/// defaults: 128-row tiles, one block per SM (64-row tiles measured 4-40 % slower in session
+/// 3, before TMA and warp specialisation took them), and 256 weight rows where the
+/// warp-specialised kernel takes them (16-bit operands: 5-10 % faster than 128 on Qwen3 and
+/// gpt-oss bf16 at M = 1024 / 4096, bench/NOTES.md session 11), else 128. `auto`: the tile
+/// height whose blocks read fewer bytes through the L2 ([`wgmma_l2_bytes`]; opt-in until the
+/// H200 has measured it).
 static WGMMA_N_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_N"));
-static WGMMA_BM_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_BM"));
+static WGMMA_BM_PREFERENCE: Lazy<Option<TileRows>> = Lazy::new(|| {
+    let v = std::env::var("MOEPLUG_WGMMA_BM").ok()?;
+    match v.trim() {
+        "auto" => Some(TileRows::ByL2Bytes),
+        v => v.parse().ok().map(TileRows::Fixed),
+    }
+});
 static WGMMA_BLOCKS_PREFERENCE: Lazy<Option<u32>> =
     Lazy::new(|| env_choice("MOEPLUG_WGMMA_BLOCKS"));
+
+/// A choice of the wgmma family's sorted rows per tile.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum TileRows {
+    Fixed(u32),
+    /// 64 or 128, whichever reads fewer bytes through the L2 ([`wgmma_l2_bytes`]).
+    ByL2Bytes,
+}
+
 /// `MOEPLUG_WGMMA_TMA=0|1`: weight tiles by TMA (the default where it covers the
 /// configuration) or by per-thread cp.async (benchmarks).
 static WGMMA_TMA_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_TMA"));
@@ -362,10 +379,9 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
     // The tensor map describes AITER's 16-row groups; MXFP4 is decoded through registers.
     if spec.wgmma_tma
         && (spec.weight_layout != WeightLayout::Aiter16x16
-            || spec.wgmma_bm != 128
             || spec.weight_format == WeightFormat::Mxfp4)
     {
-        return Some("TMA weight tiles: AITER 16x16 weights (not MXFP4) on 128-row tiles");
+        return Some("TMA weight tiles: AITER 16x16 weights (not MXFP4)");
     }
     // The producer warpgroup copies activations and starts the TMA of the weights.
     if spec.wgmma_ws && (!spec.wgmma_tma || spec.wgmma_blocks != 1) {
@@ -476,41 +492,68 @@ pub fn spec_for(
         spec.pdl = *PDL_PREFERENCE && sm.is_some_and(|sm| sm >= PDL_MIN_SM);
     }
     if family == Family::Wgmma {
-        spec = wgmma_shape(spec);
+        let experts = launch.config.layout.num_experts;
+        spec = wgmma_shape_for(spec, *WGMMA_BM_PREFERENCE, shape.m, shape.topk, experts);
     }
     Ok(spec)
 }
 
+/// The wgmma family's shape ([`wgmma_shape`]) for a launch of `m` tokens, top-`topk` over
+/// `experts`, on the tile height `rows` asks for (128 by default).
+fn wgmma_shape_for(
+    spec: KernelSpec,
+    rows: Option<TileRows>,
+    m: usize,
+    topk: usize,
+    experts: usize,
+) -> KernelSpec {
+    match rows {
+        Some(TileRows::Fixed(bm)) => wgmma_shape(spec, Some(bm)),
+        Some(TileRows::ByL2Bytes) => {
+            let bytes = |s: &KernelSpec| wgmma_l2_bytes(s, m, topk, experts);
+            let tall = wgmma_shape(spec.clone(), Some(128));
+            let short = wgmma_shape(spec, Some(64));
+            if short.wgmma_bm == 64 && bytes(&short) < bytes(&tall) {
+                short
+            } else {
+                tall
+            }
+        }
+        None => wgmma_shape(spec, None),
+    }
+}
+
 /// The wgmma family's block shape, TMA, warp specialisation, register-operand weights and
-/// work order for `spec`. Each step (the diagnostic shape, then TMA, then warp
+/// work order for `spec`, on tiles of `rows` sorted rows where given (else 128). Each step (the
+/// tile height and the diagnostic shape, then TMA, then warp
 /// specialisation, then 256 weight rows where the warp-specialised kernel takes them, then
 /// MXFP4 weights as the register operand where asked) is taken only where the family covers
 /// the result.
-fn wgmma_shape(mut spec: KernelSpec) -> KernelSpec {
-    let steps: [fn(&mut KernelSpec); 5] = [
-        |s| {
+fn wgmma_shape(mut spec: KernelSpec, rows: Option<u32>) -> KernelSpec {
+    let steps: [&dyn Fn(&mut KernelSpec); 5] = [
+        &|s| {
             s.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(s.wgmma_n);
-            s.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(s.wgmma_bm);
+            s.wgmma_bm = rows.unwrap_or(s.wgmma_bm);
             // MXFP4's decode is latency-bound on one block's 8 warps: two blocks per SM took
             // gpt-oss 1898 / 2926 us against 2756 / 4182 at M = 1024 / 4096 (session 13).
             let mxfp4 = s.weight_format == WeightFormat::Mxfp4;
             let blocks = if mxfp4 { 2 } else { s.wgmma_blocks };
             s.wgmma_blocks = WGMMA_BLOCKS_PREFERENCE.unwrap_or(blocks);
         },
-        |s| s.wgmma_tma = WGMMA_TMA_PREFERENCE.map_or(true, |v| v == 1),
-        |s| s.wgmma_ws = WGMMA_WS_PREFERENCE.map_or(true, |v| v == 1),
-        |s| {
+        &|s| s.wgmma_tma = WGMMA_TMA_PREFERENCE.map_or(true, |v| v == 1),
+        &|s| s.wgmma_ws = WGMMA_WS_PREFERENCE.map_or(true, |v| v == 1),
+        &|s| {
             if WGMMA_N_PREFERENCE.is_none() && s.wgmma_ws {
                 s.wgmma_n = 256;
             }
         },
         // A step that changes nothing unless asked: it must not undo the shape above.
-        |s| {
+        &|s| {
             if *WGMMA_RS_PREFERENCE == Some(1) {
                 s.wgmma_rs = true;
                 s.wgmma_blocks = WGMMA_BLOCKS_PREFERENCE.unwrap_or(1);
-                // The MMA's N is the tile's rows: 128 unless asked (MOEPLUG_WGMMA_BM=64).
-                s.wgmma_bm = WGMMA_BM_PREFERENCE.unwrap_or(128);
+                // The MMA's N is the tile's rows: 128 unless asked.
+                s.wgmma_bm = rows.unwrap_or(128);
                 s.wgmma_n = s.wgmma_bm;
             }
         },
@@ -614,30 +657,52 @@ pub fn stream_split_k(steps: usize, row_groups: f64, format: WeightFormat) -> u3
 
 /// Sorted tiles of `bm` rows with tokens that a launch of `m` tokens, top-`topk` over
 /// `experts` experts, is expected to have under uniform routing: each expert's pair count
-/// is Binomial(m, topk / experts) and takes ceil(count / bm) tiles. Computed over the
-/// counts that carry the probability mass; far beyond the stream family's range (over 64
-/// pairs per expert) the mean count's tiles stand in.
+/// is Binomial(m, topk / experts) and takes ceil(count / bm) tiles. Summed over the counts
+/// within 10 standard deviations (and 16) of the mode, weighted from the mode outward by the
+/// pmf's ratios and normalised, so that no weight underflows however large m is.
 pub fn expected_tiles(m: usize, topk: usize, experts: usize, bm: usize) -> f64 {
     let experts = experts.max(1) as f64;
     let p = (topk as f64 / experts).min(1.0);
-    let mean = m as f64 * p;
     if m == 0 || p == 0.0 {
         return 1.0;
     }
-    let of_mean = (experts * (mean / bm as f64).ceil()).max(1.0);
-    // P(count = j), from P(0) = (1 - p)^m upwards (it underflows only where top-k is nearly
-    // every expert: then the mean stands in as well).
-    let mut pmf = (m as f64 * (-p).ln_1p()).exp();
-    if p >= 1.0 || mean > 64.0 || pmf == 0.0 {
-        return of_mean;
+    if p >= 1.0 {
+        return (experts * m.div_ceil(bm) as f64).max(1.0);
     }
-    let last = m.min((mean + 10.0 * mean.sqrt() + 16.0) as usize);
-    let mut tiles = 0.0;
-    for j in 1..=last {
-        pmf *= (m - j + 1) as f64 / j as f64 * p / (1.0 - p);
-        tiles += pmf * j.div_ceil(bm) as f64;
+    let mean = m as f64 * p;
+    let mode = (((m + 1) as f64 * p).floor() as usize).min(m);
+    let span = (10.0 * (mean * (1.0 - p)).sqrt() + 16.0) as usize;
+    let odds = p / (1.0 - p);
+    let tiles = |j: usize| j.div_ceil(bm) as f64;
+    // P(j) / P(mode), up from the mode and down from it.
+    let (mut mass, mut sum) = (1.0, tiles(mode));
+    let mut w = 1.0;
+    for j in mode + 1..=m.min(mode + span) {
+        w *= (m - j + 1) as f64 / j as f64 * odds;
+        mass += w;
+        sum += w * tiles(j);
     }
-    (experts * tiles).max(1.0)
+    w = 1.0;
+    for j in (mode.saturating_sub(span)..mode).rev() {
+        w *= (j + 1) as f64 / (m - j) as f64 / odds;
+        mass += w;
+        sum += w * tiles(j);
+    }
+    (experts * sum / mass).max(1.0)
+}
+
+/// Bytes the wgmma family's blocks read through the L2 over a launch's GEMM, relative: each
+/// block reads its `bm` sorted rows and `w` weight rows every K step for bm x w outputs, over
+/// the rows the experts' tiles pad to. What a 64-row tile trades: fewer padded rows (a 128-row
+/// tile at 32 pairs per expert is a quarter full) against more bytes per output (64 + 256
+/// rows for 64 x 256 outputs, 128 + 256 for 128 x 256). Where the blocks bind on the L2
+/// (session 11: tag lookups at 54-91 %) the fewer bytes win; where the MMA binds, the fewer
+/// padded rows: the bytes' side is the stricter, so it decides.
+fn wgmma_l2_bytes(spec: &KernelSpec, m: usize, topk: usize, experts: usize) -> f64 {
+    let bm = spec.wgmma_bm as usize;
+    let w = spec.wgmma_block_rows() as f64;
+    let rows = bm as f64 * expected_tiles(m, topk, experts, bm);
+    rows * (bm as f64 + w) / (bm as f64 * w)
 }
 
 /// The family for this launch on `arch`.
@@ -696,7 +761,7 @@ mod tests {
             family: Family::Wgmma,
             ..crate::backend::gpu::default_spec()
         };
-        let bf16 = wgmma_shape(base.clone());
+        let bf16 = wgmma_shape(base.clone(), None);
         assert_eq!(
             (
                 bf16.wgmma_bm,
@@ -708,18 +773,24 @@ mod tests {
             (128, 256, true, true, false)
         );
         assert_eq!(bf16.wgmma_group, WGMMA_GROUP_DEFAULT);
-        let fp8 = wgmma_shape(KernelSpec {
-            weight_format: WeightFormat::Fp8Block128,
-            act_dtype: ActDtype::Fp8Block128,
-            stage2_act_dtype: ActDtype::Fp8Block128,
-            ..base.clone()
-        });
+        let fp8 = wgmma_shape(
+            KernelSpec {
+                weight_format: WeightFormat::Fp8Block128,
+                act_dtype: ActDtype::Fp8Block128,
+                stage2_act_dtype: ActDtype::Fp8Block128,
+                ..base.clone()
+            },
+            None,
+        );
         assert_eq!((fp8.wgmma_n, fp8.wgmma_ws), (128, true));
-        let mx = wgmma_shape(KernelSpec {
-            weight_format: WeightFormat::Mxfp4,
-            scale_layout: Some(ScaleLayout::AiterE8m0),
-            ..base
-        });
+        let mx = wgmma_shape(
+            KernelSpec {
+                weight_format: WeightFormat::Mxfp4,
+                scale_layout: Some(ScaleLayout::AiterE8m0),
+                ..base
+            },
+            None,
+        );
         assert_eq!(
             (
                 mx.wgmma_bm,
@@ -730,6 +801,48 @@ mod tests {
             ),
             (128, 128, 2, false, false)
         );
+    }
+
+    #[test]
+    fn auto_tile_height_takes_64_rows_where_they_read_fewer_l2_bytes() {
+        // MOEPLUG_WGMMA_BM=auto on the kit's cases (experts, top-k, format): 64-row tiles
+        // (64 x 256 blocks) where 128-row tiles are mostly padding, 128 where they fill.
+        let base = KernelSpec {
+            family: Family::Wgmma,
+            ..crate::backend::gpu::default_spec()
+        };
+        let fp8 = KernelSpec {
+            weight_format: WeightFormat::Fp8Block128,
+            act_dtype: ActDtype::Fp8Block128,
+            stage2_act_dtype: ActDtype::Fp8Block128,
+            ..base.clone()
+        };
+        let mx = KernelSpec {
+            weight_format: WeightFormat::Mxfp4,
+            scale_layout: Some(ScaleLayout::AiterE8m0),
+            ..base.clone()
+        };
+        let rows = |spec: &KernelSpec, m: usize, topk: usize, experts: usize| {
+            let s = wgmma_shape_for(spec.clone(), Some(TileRows::ByL2Bytes), m, topk, experts);
+            assert!(wgmma_spec_unsupported(90, &s).is_none(), "{s:?}");
+            (s.wgmma_bm, s.wgmma_block_rows(), s.wgmma_ws)
+        };
+        // DeepSeek-V3 fp8 (256 experts, top 8): 32 pairs per expert at M = 1024, 64 at 2048
+        // (a 64-row tile, sometimes two), 128 +- 11 at 4096 (128-row tiles pad less per byte)
+        assert_eq!(rows(&fp8, 1024, 8, 256), (64, 256, true));
+        assert_eq!(rows(&fp8, 2048, 8, 256), (64, 256, true));
+        assert_eq!(rows(&fp8, 4096, 8, 256), (128, 128, true));
+        // Qwen3 bf16 (128 experts, top 8): 64-row tiles only at 16 and 32 pairs; at 64 the
+        // 128 x 256 block reads fewer bytes despite its half-empty tiles
+        assert_eq!(rows(&base, 256, 8, 128), (64, 256, true));
+        assert_eq!(rows(&base, 512, 8, 128), (64, 256, true));
+        assert_eq!(rows(&base, 1024, 8, 128), (128, 256, true));
+        assert_eq!(rows(&base, 4096, 8, 128), (128, 256, true));
+        // MXFP4 fills 128 x 128 blocks only: never 64 rows
+        assert_eq!(rows(&mx, 1024, 4, 128).0, 128);
+        // and a fixed preference is taken as given
+        let s = wgmma_shape_for(fp8.clone(), Some(TileRows::Fixed(64)), 4096, 8, 256);
+        assert_eq!((s.wgmma_bm, s.wgmma_ws), (64, true));
     }
 
     #[test]
@@ -839,14 +952,18 @@ mod tests {
         // 16 pairs per expert on average: about half the experts need a second tile
         let t = expected_tiles(256, 8, 128, 16);
         assert!((170.0..200.0).contains(&t), "{t}");
-        // far beyond the stream range: the mean's tiles, never 0 or NaN
-        assert_eq!(expected_tiles(1 << 20, 8, 128, 16), 128.0 * 4096.0);
+        // far beyond the stream range (P(0) underflows): 65,536 pairs +- 250 per expert,
+        // ceil(n / 16) is 4096 or 4097 about equally often
+        let t = expected_tiles(1 << 20, 8, 128, 16) / 128.0;
+        assert!((t - 4096.5).abs() < 0.05, "{t}");
         assert_eq!(expected_tiles(0, 8, 128, 16), 1.0);
         assert_eq!(expected_tiles(5, 8, 4, 16), 4.0);
-        assert_eq!(
-            expected_tiles(64, (1 << 18) - 1, 1 << 18, 16),
-            4.0 * (1 << 18) as f64
-        ); // P(0) underflows
+        let t = expected_tiles(64, (1 << 18) - 1, 1 << 18, 16);
+        assert!((t - 4.0 * (1 << 18) as f64).abs() < 1.0, "{t}"); // P(0) underflows
+                                                                  // 128 pairs +- 11 per expert (DeepSeek-V3 at M = 4096) in 128-row tiles: one tile, a
+                                                                  // second for the half of the experts over 128
+        let t = expected_tiles(4096, 8, 256, 128) / 256.0;
+        assert!((1.45..1.52).contains(&t), "{t}");
     }
 
     #[test]

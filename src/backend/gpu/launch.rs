@@ -285,29 +285,17 @@ pub fn workspace_ptr(launch: &MoeLaunch, plan: &Plan) -> Result<u64> {
 /// The wgmma family's stage-1 and stage-2 weights as its TMA reads them (`spec.wgmma_tma`).
 pub fn tma_weights(launch: &MoeLaunch, spec: &KernelSpec) -> [super::tma::WeightTensor; 2] {
     let l = &launch.config.layout;
-    let bytes = launch.w13.elem.size();
-    let (hp, ip) = (l.hidden_padded, l.intermediate_padded);
-    let rows = spec.wgmma_block_rows();
-    [
-        super::tma::WeightTensor {
-            address: launch.w13.ptr as u64,
-            experts: l.num_experts,
-            rows: 2 * ip,
-            row_bytes: hp * bytes,
-            k_bytes: l.hidden_size * bytes,
-            gated: Some((l.gate_mode, ip)),
-            block_rows: rows,
-        },
-        super::tma::WeightTensor {
-            address: launch.w2.ptr as u64,
-            experts: l.num_experts,
-            rows: hp,
-            row_bytes: ip * bytes,
-            k_bytes: l.intermediate_size * bytes,
-            gated: None,
-            block_rows: rows,
-        },
-    ]
+    let shapes = super::tma::StageShapes {
+        experts: l.num_experts,
+        hidden: l.hidden_size,
+        hidden_padded: l.hidden_padded,
+        intermediate: l.intermediate_size,
+        intermediate_padded: l.intermediate_padded,
+        elem_bytes: launch.w13.elem.size(),
+        gate_mode: l.gate_mode,
+    };
+    let addresses = [launch.w13.ptr as u64, launch.w2.ptr as u64];
+    super::tma::stage_weights(&shapes, addresses, spec.wgmma_box_rows())
 }
 
 /// Kernel parameters for a validated launch.

@@ -322,6 +322,12 @@ impl KernelSpec {
         }
     }
 
+    /// Wgmma family: weight rows of one TMA box, one warpgroup's MMA rows (a block takes one
+    /// box per stage on 128-row tiles, two on 64-row tiles).
+    pub fn wgmma_box_rows(&self) -> usize {
+        self.wgmma_n as usize
+    }
+
     /// Wgmma family: bytes of one ring stage, the tile's activation rows and (unless the
     /// weights are the register operand) the block's weight rows, 128 bytes each.
     fn wgmma_stage_bytes(&self) -> usize {

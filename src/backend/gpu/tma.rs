@@ -39,8 +39,48 @@ pub struct WeightTensor {
     pub k_bytes: usize,
     /// Stage 1: `Some(gate mode, intermediate_padded)`, the rows come as gate/up halves.
     pub gated: Option<(GateMode, usize)>,
-    /// Weight rows of one block (stage 1: half gate, half up).
-    pub block_rows: usize,
+    /// Weight rows of one box: one warpgroup's MMA rows (`wgmma_n`; stage 1: half gate, half
+    /// up). A block of two warpgroups with rows of their own (64-row tiles) copies two boxes.
+    pub box_rows: usize,
+}
+
+/// The sizes of a launch that its two tensor maps describe.
+#[derive(Debug, Clone, Copy)]
+pub struct StageShapes {
+    pub experts: usize,
+    pub hidden: usize,
+    pub hidden_padded: usize,
+    pub intermediate: usize,
+    pub intermediate_padded: usize,
+    /// Bytes of one weight element.
+    pub elem_bytes: usize,
+    pub gate_mode: GateMode,
+}
+
+/// The stage-1 (w13) and stage-2 (w2) weights at `addresses` as the kernel's TMA reads them,
+/// in boxes of `box_rows` rows.
+pub fn stage_weights(s: &StageShapes, addresses: [u64; 2], box_rows: usize) -> [WeightTensor; 2] {
+    let b = s.elem_bytes;
+    [
+        WeightTensor {
+            address: addresses[0],
+            experts: s.experts,
+            rows: 2 * s.intermediate_padded,
+            row_bytes: s.hidden_padded * b,
+            k_bytes: s.hidden * b,
+            gated: Some((s.gate_mode, s.intermediate_padded)),
+            box_rows,
+        },
+        WeightTensor {
+            address: addresses[1],
+            experts: s.experts,
+            rows: s.hidden_padded,
+            row_bytes: s.intermediate_padded * b,
+            k_bytes: s.intermediate * b,
+            gated: None,
+            box_rows,
+        },
+    ]
 }
 
 /// Bytes of K one box covers (one 128-byte operand row per wgmma step).
@@ -68,7 +108,7 @@ pub fn geometry(w: &WeightTensor) -> Result<([u64; 5], [u64; 4], [u32; 5])> {
             16 * wrow,
             2,
             ip as u64 * wrow,
-            w.block_rows / 32,
+            w.box_rows / 32,
         ),
         // 16 gate rows, then the 16 up rows of the same columns: a group is a pair.
         Some((GateMode::Interleave, _)) => (
@@ -76,7 +116,7 @@ pub fn geometry(w: &WeightTensor) -> Result<([u64; 5], [u64; 4], [u32; 5])> {
             32 * wrow,
             2,
             16 * wrow,
-            w.block_rows / 32,
+            w.box_rows / 32,
         ),
         Some(_) => return Err(Error::internal("TMA weights: gate mode not covered")),
         None => (
@@ -84,7 +124,7 @@ pub fn geometry(w: &WeightTensor) -> Result<([u64; 5], [u64; 4], [u32; 5])> {
             16 * wrow,
             1,
             16 * wrow,
-            w.block_rows / 16,
+            w.box_rows / 16,
         ),
     };
     let dims = [
@@ -152,7 +192,7 @@ mod tests {
             row_bytes: 2048 * 2,
             k_bytes: 2048 * 2,
             gated: Some((gate, 768)),
-            block_rows: 128,
+            box_rows: 128,
         }
     }
 
@@ -182,7 +222,7 @@ mod tests {
             row_bytes: 768 * 2,
             k_bytes: 768 * 2,
             gated: None,
-            block_rows: 128,
+            box_rows: 128,
         };
         let (dims, strides, boxes) = geometry(&w).unwrap();
         assert_eq!(dims, [256, 1, 128 * 2048 / 16, 1, 768 * 2 / 16]);
@@ -219,7 +259,7 @@ mod tests {
                     row_bytes: k_bytes.next_multiple_of(128),
                     k_bytes,
                     gated,
-                    block_rows: 128,
+                    box_rows: 128,
                 };
                 let size = (w.experts * w.rows * w.row_bytes) as u64;
                 assert!(
@@ -249,7 +289,7 @@ mod tests {
             row_bytes: 256,
             k_bytes: 224,
             gated: None,
-            block_rows: 128,
+            box_rows: 128,
         };
         let (dims, strides, _) = geometry(&w).unwrap();
         assert_eq!(dims[4], 14);
