@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# GPU calls prepared in session 15 (no device was lent that session), one per argument:
+#   first: the two opt-ins built without a GPU, on one library built with
+#          bench/patches/stream-fp8-wgmma.patch applied: their GPU tests, then one A/B of both
+#          against the defaults (the fp8 stream step on wgmma moves M <= 256, 64-row wgmma
+#          tiles move M >= 256 where wgmma runs: disjoint points, one variant; gpt-oss MXFP4
+#          takes neither and is the control)
+#   check: the whole suite and the kit with peers (after adopting what `first` measured)
+#   san:   racecheck and memcheck over the new kernels' tests
+# Carry target/release/libmoeplug.so, target/release/moeplug and .peers.
+source "$(dirname "$0")/dev_common.sh"
+run_tests() { # seconds, label, env, pytest args
+  local secs=$1 label=$2 envs=$3
+  shift 3
+  env $envs MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so timeout "$secs" python3 -m pytest \
+    -q -p no:cacheprovider "$@" >"$OUT/tests_$label.log" 2>&1
+  echo "tests $label [$envs]: rc=$? $(tail -1 "$OUT/tests_$label.log")" | tee -a "$sum"
+  grep -E "^(FAILED|ERROR)" "$OUT/tests_$label.log" | head -5 | tee -a "$sum"
+}
+stream_wgmma="MOEPLUG_GPU_FAMILY=stream MOEPLUG_STREAM_WGMMA=1"
+short_tiles="MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_BM=64"
+case ${1:-first} in
+first)
+  run_tests 120 stream_wgmma "$stream_wgmma" tests/gpu/test_fused_moe.py -k fp8
+  run_tests 120 short_tiles "$short_tiles" tests/gpu/test_fused_moe.py \
+    -k "deterministic or formats_x or real_shapes or large_m"
+  stamp tests | tee -a "$sum"
+  # [0] the defaults, [1] both opt-ins; two interleaved rounds.
+  ROUNDS=2 AB_TIMEOUT=90 bash bench/ab.sh "" "MOEPLUG_STREAM_WGMMA=1 MOEPLUG_WGMMA_BM=64" -- \
+    --ms 1,8,64,256,512,1024,2048,4096 2>&1 | tail -42 | tee -a "$sum"
+  stamp ab | tee -a "$sum"
+  ;;
+check)
+  suite_and_kit
+  ;;
+san)
+  # The new kernels under racecheck and memcheck: each opt-in's deterministic and large-M
+  # tests (every format it takes), two sanitizers of each tool at once.
+  for tool in racecheck memcheck; do
+    san "${tool}_stream_wgmma" "$tool" MOEPLUG_GPU_FAMILY=stream MOEPLUG_STREAM_WGMMA=1 \
+      SAN_SELECT='test_fused_moe\.py::test_(deterministic|large_m).*fp8' SAN_TIMEOUT=${T:-500}
+    san "${tool}_short_tiles" "$tool" MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_BM=64 \
+      SAN_SELECT='test_fused_moe\.py::test_(deterministic|large_m)' SAN_TIMEOUT=${T:-500}
+  done
+  report "$1"
+  ;;
+esac
