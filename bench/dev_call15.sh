@@ -5,6 +5,8 @@
 #          against the defaults (the fp8 stream step on wgmma moves M <= 256, 64-row wgmma
 #          tiles move M >= 256 where wgmma runs: disjoint points, one variant; gpt-oss MXFP4
 #          takes neither and is the control)
+#   crossover: wgmma on 64-row tiles against the default family where stream runs today
+#          (8-16 pairs per expert), one round
 #   check: the whole suite and the kit with peers (after adopting what `first` measured)
 #   san:   racecheck and memcheck over the new kernels' tests
 # Carry target/release/libmoeplug.so, target/release/moeplug and .peers.
@@ -29,6 +31,11 @@ first)
   ROUNDS=2 AB_TIMEOUT=90 bash bench/ab.sh "" "MOEPLUG_STREAM_WGMMA=1 MOEPLUG_WGMMA_BM=64" -- \
     --ms 1,8,64,256,512,1024,2048,4096 2>&1 | tail -42 | tee -a "$sum"
   stamp ab | tee -a "$sum"
+  ;;
+crossover)
+  ROUNDS=1 AB_TIMEOUT=60 bash bench/ab.sh "" "MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_BM=64" -- \
+    --ms 128,256,512 2>&1 | tail -17 | tee -a "$sum"
+  stamp crossover | tee -a "$sum"
   ;;
 check)
   suite_and_kit

@@ -20,6 +20,7 @@ const ROTATED: [Activation; 3] = [Activation::Silu, Activation::Gelu, Activation
 pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
     let mut out = Vec::new();
     let mut n = 0usize; // rotates the options over candidates
+    let mut short_tiles_made = 0usize; // rotates the 64-row TMA variants' kernel
     for family in Family::ALL {
         let mut chosen = 0usize; // rotates the activation over this family's configurations
         for &wf in WeightFormat::ALL {
@@ -90,8 +91,11 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                             if !keep(&spec) && spec.wgmma_n != 128 {
                                 spec.wgmma_n = 128; // 256 rows do not fit every tile
                             }
-                            if !keep(&spec) && spec.wgmma_bm != 128 {
-                                spec.wgmma_bm = 128; // MXFP4 fills 128 x 128 blocks only
+                            // MXFP4 fills 128 x 128 blocks only; 64-row TMA tiles come as
+                            // their own variant below, so the rotation keeps the 128-row TMA
+                            // kernels (the default) it always had.
+                            if (!keep(&spec) || spec.wgmma_tma) && spec.wgmma_bm != 128 {
+                                spec.wgmma_bm = 128;
                             }
                             if !keep(&spec) && spec.wgmma_tma {
                                 spec.wgmma_tma = false; // TMA takes AITER 16x16 weights only
@@ -161,22 +165,21 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(specialised);
-                                // The warp-specialised kernel on 64-row tiles (two TMA boxes a
-                                // stage, one per warpgroup's weight rows; MOEPLUG_WGMMA_BM=64,
-                                // opt-in until measured): that variant of every other
-                                // configuration without it.
-                                let short_tiles = (family == Family::Wgmma
-                                    && chosen % 2 == 0
-                                    && !(spec.wgmma_ws && spec.wgmma_bm == 64))
+                                // The TMA kernels on 64-row tiles (two TMA boxes a stage, one
+                                // per warpgroup's weight rows; MOEPLUG_WGMMA_BM=64, opt-in
+                                // until measured): that variant of every other configuration,
+                                // warp-specialised, every third one per tile.
+                                let short_tiles = (family == Family::Wgmma && chosen % 2 == 0)
                                     .then(|| KernelSpec {
                                         wgmma_tma: true,
-                                        wgmma_ws: true,
+                                        wgmma_ws: short_tiles_made % 3 != 2,
                                         wgmma_bm: 64,
                                         wgmma_n: 128,
                                         wgmma_blocks: 1,
                                         ..spec.clone()
                                     })
                                     .filter(&keep);
+                                short_tiles_made += short_tiles.is_some() as usize;
                                 out.extend(short_tiles);
                                 // MXFP4 weights as the register operand (an opt-in,
                                 // MOEPLUG_WGMMA_RS=1) on 128- and 64-row tiles, in the default's
