@@ -7,6 +7,8 @@
 #          takes neither and is the control)
 #   crossover: wgmma on 64-row tiles against the default family where stream runs today
 #          (8-16 pairs per expert), one round
+#   ncu:   where prefill binds (bench/NOTES.md, session 15): L2 bytes per second and the
+#          tensor pipe of DeepSeek-V3 fp8 at M = 4096, the stall reasons of gpt-oss MXFP4 at 1024
 #   check: the whole suite and the kit with peers (after adopting what `first` measured)
 #   san:   racecheck and memcheck over the new kernels' tests
 # Carry target/release/libmoeplug.so, target/release/moeplug and .peers.
@@ -36,6 +38,13 @@ crossover)
   ROUNDS=1 AB_TIMEOUT=60 bash bench/ab.sh "" "MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_BM=64" -- \
     --ms 128,256,512 2>&1 | tail -17 | tee -a "$sum"
   stamp crossover | tee -a "$sum"
+  ;;
+ncu)
+  NCU_WHAT=breakdown NCU_TIMEOUT=260 NCU_LINES=80 \
+    NCU_GREP='moe_stage|Duration|lts__t_bytes|lts__throughput|pipe_tensor|dram__bytes|stalled_(long|wait|barrier|math|short|mio|no_inst)' \
+    bash bench/ncu_profile.sh deepseek-v3:fp8_block128:4096 gpt-oss-120b:mxfp4:1024 2>&1 |
+    tee -a "$sum"
+  stamp ncu | tee -a "$sum"
   ;;
 check)
   suite_and_kit
