@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# GPU calls prepared in session 15 (no device was lent that session), one per argument:
-#   first: the two opt-ins built without a GPU, on one library built with
-#          bench/patches/stream-fp8-wgmma.patch applied: their GPU tests, then one A/B of both
-#          against the defaults (the fp8 stream step on wgmma moves M <= 256, 64-row wgmma
-#          tiles move M >= 256 where wgmma runs: disjoint points, one variant; gpt-oss MXFP4
-#          takes neither and is the control)
+# GPU calls prepared in session 15 (no device was lent that session), one per argument; each
+# fits one 600 s call. Build with bench/patches/stream-fp8-wgmma.patch applied (both opt-ins in
+# one library):
+#   first: the GPU tests of both opt-ins (the fp8 stream step on wgmma, MOEPLUG_STREAM_WGMMA=1;
+#          64-row wgmma tiles on the TMA kernels, MOEPLUG_WGMMA_BM=64), then the A/B of the
+#          fp8 stream step against the default at M = 1-256 (the two fp8 cases)
+#   tiles: the A/B of 64-row against 128-row wgmma tiles at M = 256-4096 (the four cases that
+#          run wgmma there with TMA; MXFP4 takes neither)
 #   crossover: wgmma on 64-row tiles against the default family where stream runs today
 #          (8-16 pairs per expert), one round
 #   ncu:   where prefill binds (bench/NOTES.md, session 15): L2 bytes per second and the
 #          tensor pipe of DeepSeek-V3 fp8 at M = 4096, the stall reasons of gpt-oss MXFP4 at 1024
-#   check: the whole suite and the kit with peers (after adopting what `first` measured)
+#   check: the whole suite and the kit with peers (after adopting what was measured)
 #   san:   racecheck and memcheck over the new kernels' tests
 # Carry target/release/libmoeplug.so, target/release/moeplug and .peers.
 source "$(dirname "$0")/dev_common.sh"
@@ -25,13 +27,18 @@ stream_wgmma="MOEPLUG_GPU_FAMILY=stream MOEPLUG_STREAM_WGMMA=1"
 short_tiles="MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_BM=64"
 case ${1:-first} in
 first)
-  run_tests 120 stream_wgmma "$stream_wgmma" tests/gpu/test_fused_moe.py -k fp8
-  run_tests 120 short_tiles "$short_tiles" tests/gpu/test_fused_moe.py \
+  run_tests 110 stream_wgmma "$stream_wgmma" tests/gpu/test_fused_moe.py -k fp8
+  run_tests 110 short_tiles "$short_tiles" tests/gpu/test_fused_moe.py \
     -k "deterministic or formats_x or real_shapes or large_m"
   stamp tests | tee -a "$sum"
-  # [0] the defaults, [1] both opt-ins; two interleaved rounds.
-  ROUNDS=2 AB_TIMEOUT=90 bash bench/ab.sh "" "MOEPLUG_STREAM_WGMMA=1 MOEPLUG_WGMMA_BM=64" -- \
-    --ms 1,8,64,256,512,1024,2048,4096 2>&1 | tail -42 | tee -a "$sum"
+  ROUNDS=2 AB_TIMEOUT=70 bash bench/ab.sh "" "MOEPLUG_STREAM_WGMMA=1" -- \
+    --cases qwen3_fp8blk,dsv3_fp8blk --ms 1,8,64,256 2>&1 | tail -10 | tee -a "$sum"
+  stamp ab | tee -a "$sum"
+  ;;
+tiles)
+  ROUNDS=2 AB_TIMEOUT=120 bash bench/ab.sh "" "MOEPLUG_WGMMA_BM=64" -- \
+    --cases qwen3_bf16,dsv3_fp8blk,qwen3_fp8blk,gptoss_bf16 --ms 256,512,1024,2048,4096 2>&1 |
+    tail -22 | tee -a "$sum"
   stamp ab | tee -a "$sum"
   ;;
 crossover)
