@@ -302,8 +302,8 @@ __device__ __forceinline__ float activate(float g, float u, const Params& p) {
 // cast to the output dtype (as the CPU backend does) and, when stage 2 reads 16-bit
 // activations of the other 16-bit type, once more to that type (INTER_F16); quantized stage-2
 // activations start from the cast. Without a gated activation `g` is unused.
-__device__ __forceinline__ void store_gated(const Params& p, int e, i64 q, int col, float g,
-                                            float u, float w) {
+__device__ __forceinline__ u16 gated_value(const Params& p, int e, int col, float g, float u,
+                                           float w) {
 #if RWOI
   g *= w;
   u *= w;
@@ -325,20 +325,53 @@ __device__ __forceinline__ void store_gated(const Params& p, int e, i64 q, int c
   float r = OUT_F16 ? mp_f16_to_f32(o) : mp_bf16_to_f32(o);
   o = INTER_F16 ? mp_f32_to_f16(r) : mp_f32_to_bf16(r);
 #endif
-  ((u16*)p.inter)[q * p.I + col] = o;
+  return o;
+}
+__device__ __forceinline__ void store_gated(const Params& p, int e, i64 q, int col, float g,
+                                            float u, float w) {
+  ((u16*)p.inter)[q * p.I + col] = gated_value(p, e, col, g, u, w);
+}
+// Columns col and col + 1 of pair q in one 4-byte store, the same bytes as two store_gated: a
+// warp's stores then cover whole 32-byte sectors of its rows instead of every other half.
+// col even and I even (the wgmma family's sizes are multiples of 8: heuristics::
+// wgmma_unsupported), so col + 1 exists wherever col does and the store is aligned.
+__device__ __forceinline__ void store_gated2(const Params& p, int e, i64 q, int col, float g0,
+                                             float u0, float g1, float u1, float w) {
+  if (col >= p.I) return;
+  u32 a = gated_value(p, e, col, g0, u0, w), b = gated_value(p, e, col + 1, g1, u1, w);
+  *(u32*)((u16*)p.inter + q * p.I + col) = a | b << 16;
 }
 
 // Stage-2 epilogue of both GEMM paths: bias, then the routing weight unless it was applied
 // on the input.
-__device__ __forceinline__ void store_down(const Params& p, int e, i64 q, int col, float v,
-                                           float w) {
+__device__ __forceinline__ float down_value(const Params& p, int e, int col, float v, float w) {
 #if HAS_BIAS
   v += ((const float*)p.w2_bias)[(i64)e * p.Hp + col];
 #endif
 #if !RWOI
   v *= w;
 #endif
-  ((float*)p.y)[q * p.H + col] = v;
+  return v;
+}
+__device__ __forceinline__ void store_down(const Params& p, int e, i64 q, int col, float v,
+                                           float w) {
+  ((float*)p.y)[q * p.H + col] = down_value(p, e, col, v, w);
+}
+// Columns col and col + 1 of pair q in one 8-byte store (CUDA), the same bytes as two
+// store_down; col even and H even, as for store_gated2.
+__device__ __forceinline__ void store_down2(const Params& p, int e, i64 q, int col, float v0,
+                                            float v1, float w) {
+  if (col >= p.H) return;
+  float a = down_value(p, e, col, v0, w), b = down_value(p, e, col + 1, v1, w);
+  float* y = (float*)p.y + q * p.H + col;
+#if defined(MP_HOST) || defined(MP_HIP)
+  y[0] = a;
+  y[1] = b;
+#else
+  // As asm: a plain 8-byte store of the two floats made ptxas read the wgmma accumulators as
+  // a register pair and serialize the MMAs (C7514) where the value is the accumulator itself.
+  asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(y), "f"(a), "f"(b) : "memory");
+#endif
 }
 
 // ---- routing ----------------------------------------------------------------------------

@@ -280,29 +280,36 @@ __device__ __forceinline__ void wg_epilogue(const Params& p, int e, int n0, int 
     sa = ((const float*)(GATED ? p.xs : p.as))[(i64)(GATED ? q / p.topk : q) *
                                                 (GATED ? p.ng1 : p.ng2)];
 #endif
+    // A thread's two accumulators c = 0, 1 are adjacent columns, stored as one pair (I and H
+    // are even here: heuristics::wgmma_unsupported).
     if (GATED) {
 #pragma unroll
-      for (int j = 0; j < WG_N / 16; ++j)
+      for (int j = 0; j < WG_N / 16; ++j) {
+        int col0 = n0 + (b_row0 / 2) + 8 * j + 2 * tig;
+        if (col0 >= p.I) continue;
+        float g[2], u[2];
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          int col = n0 + (b_row0 / 2) + 8 * j + 2 * tig + c;
-          if (col >= p.I) continue;
-          float g = acc[4 * j + 2 * h + c], u = acc[4 * (j + WG_N / 16) + 2 * h + c];
-          g = g * sa * epi_w_scale(S, e, gate_row(col, p.Ip), Nst, Kst);
-          u = u * sa * epi_w_scale(S, e, up_row(col, p.Ip), Nst, Kst);
-          store_gated(p, e, q, col, g, u, w);
+          int col = col0 + c;
+          g[c] = acc[4 * j + 2 * h + c] * sa * epi_w_scale(S, e, gate_row(col, p.Ip), Nst, Kst);
+          u[c] = acc[4 * (j + WG_N / 16) + 2 * h + c] * sa *
+                 epi_w_scale(S, e, up_row(col, p.Ip), Nst, Kst);
         }
+        store_gated2(p, e, q, col0, g[0], u[0], g[1], u[1], w);
+      }
     } else {
 #pragma unroll
-      for (int j = 0; j < WG_N / 8; ++j)
+      for (int j = 0; j < WG_N / 8; ++j) {
+        int col0 = n0 + b_row0 + 8 * j + 2 * tig;
+        if (col0 >= p.H) continue;
+        float v[2];
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          int col = n0 + b_row0 + 8 * j + 2 * tig + c;
-          if (col >= p.H) continue;
-          float v = acc[4 * j + 2 * h + c] * sa;
-          v *= epi_w_scale(S, e, col, Nst, Kst);
-          store_down(p, e, q, col, v, w);
+          int col = col0 + c;
+          v[c] = acc[4 * j + 2 * h + c] * sa * epi_w_scale(S, e, col, Nst, Kst);
         }
+        store_down2(p, e, q, col0, v[0], v[1], w);
+      }
     }
   }
 }

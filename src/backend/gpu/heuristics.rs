@@ -402,7 +402,8 @@ pub fn wgmma_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Opti
     }
     let l = &launch.config.layout;
     // 16-byte copies: a copy never straddles the last real column, weight rows are whole
-    // copies, and AITER 16-row groups of the up half start on a group.
+    // copies, and AITER 16-row groups of the up half start on a group. (The epilogues'
+    // column-pair stores, store_gated2 / store_down2, rely on the even sizes this implies.)
     let v = match spec.weight_format {
         WeightFormat::Mxfp4 => 32,
         _ if spec.act_dtype.is_quantized() => 16,
