@@ -12,7 +12,8 @@
 #   ncu:   where prefill binds (bench/NOTES.md, session 15): L2 bytes per second and the
 #          tensor pipe of DeepSeek-V3 fp8 at M = 4096, the stall reasons of gpt-oss MXFP4 at 1024
 #   check: the whole suite and the kit with peers (after adopting what was measured)
-#   san:   racecheck and memcheck over the new kernels' tests
+#   san:   racecheck and memcheck over the new kernels' tests, memcheck over the default
+#          wgmma kernels (their epilogues' column-pair stores)
 # Carry target/release/libmoeplug.so, target/release/moeplug and .peers.
 source "$(dirname "$0")/dev_common.sh"
 run_tests() { # seconds, label, env, pytest args
@@ -65,6 +66,9 @@ san)
     san "${tool}_short_tiles" "$tool" MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_BM=64 \
       SAN_SELECT='test_fused_moe\.py::test_(deterministic|large_m)' SAN_TIMEOUT=${T:-500}
   done
+  # The column-pair stores of the default wgmma epilogues (8-byte aligned partials).
+  san memcheck_pairs memcheck MOEPLUG_GPU_FAMILY=wgmma \
+    SAN_SELECT='test_fused_moe\.py::test_(deterministic|large_m)' SAN_TIMEOUT=${T:-500}
   report "$1"
   ;;
 esac
