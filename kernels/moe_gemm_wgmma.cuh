@@ -248,6 +248,12 @@ __device__ __forceinline__ void wg_mma(float* d, u64 da, u64 db, int acc) {
 #endif
 }
 
+// Warpgroup wg's first activation row and first weight row in the block: on 128-row tiles the
+// warpgroups take 64 sorted rows each against the same weight rows; on 64-row tiles they share
+// the sorted rows and take WG_N weight rows each.
+__device__ __forceinline__ int wg_a_row0(int wg) { return BM == 128 ? 64 * wg : 0; }
+__device__ __forceinline__ int wg_b_row0(int wg) { return BM == 128 ? 0 : WG_N * wg; }
+
 // Output columns of a block (stage 1: gate/up pairs).
 #define WG_COLS1 (WG_B_ROWS / 2)
 #define WG_COLS2 WG_B_ROWS
@@ -435,8 +441,7 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   int gid = lane >> 2, tig = lane & 3;
   int n0 = nb * (GATED ? WG_COLS1 : WG_COLS2);
-  // This warpgroup's activation rows and weight rows in the block.
-  int a_row0 = BM == 128 ? 64 * wg : 0, b_row0 = BM == 128 ? 0 : WG_N * wg;
+  int a_row0 = wg_a_row0(wg), b_row0 = wg_b_row0(wg);
   if (tid < BM) s_row[tid] = ((const int*)p.sorted_rows)[tile * BM + tid];
   // The swizzle works on address bits: every tile starts 1024-aligned.
   u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;
@@ -901,12 +906,12 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
     return;
   }
 
-  // Consumers: on 128-row tiles warpgroup wg multiplies sorted rows 64 wg .. 64 wg + 63 by
-  // the block's WG_N weight rows; on 64-row tiles the tile's rows by weight rows WG_N wg ..
+  // Consumers: warpgroup wg multiplies its rows of the tile by its weight rows (wg_a_row0,
+  // wg_b_row0).
   wg_regs_inc<WG_WS_CONSUMER_REGS>();
   int ctid = tid - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
   int gid = lane >> 2, tig = lane & 3;
-  int a_row0 = BM == 128 ? 64 * wg : 0, b_row0 = BM == 128 ? 0 : WG_N * wg;
+  int a_row0 = wg_a_row0(wg), b_row0 = wg_b_row0(wg);
   u32 it = 0;  // ring steps consumed
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     int tile, n0;
