@@ -166,9 +166,9 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     .filter(&keep);
                                 out.extend(specialised);
                                 // The TMA kernels on 64-row tiles (two TMA boxes a stage, one
-                                // per warpgroup's weight rows; MOEPLUG_WGMMA_BM=64, opt-in
-                                // until measured): that variant of every other configuration,
-                                // warp-specialised, every third one per tile.
+                                // per warpgroup's weight rows; the default for fp8 block-128
+                                // and for few pairs per expert): that variant of every other
+                                // configuration, warp-specialised, every third one per tile.
                                 let short_tiles = (family == Family::Wgmma && chosen % 2 == 0)
                                     .then(|| KernelSpec {
                                         wgmma_tma: true,

@@ -24,28 +24,27 @@ pub const STREAM_MAX_PAIRS_PER_EXPERT: [usize; 2] = [32, 16];
 /// pairs DeepSeek-V3 fp8 takes 5.6 ms on wgmma against 9.3 on stream and gpt-oss bf16 3.1
 /// against 3.5 on tile32; at 16 pairs stream is 1.3-1.6x faster.
 pub const WGMMA_MIN_PAIRS_PER_EXPERT: usize = 32;
-/// 16-bit weights from 16 pairs, since the TMA weight map asks for whole 256-byte rows and
-/// 128 x 256 blocks: at 16 pairs Qwen3 bf16 (M = 256) took 353 us on wgmma against 435 on
-/// stream and gpt-oss bf16 (M = 512) 1978 against 2103; at 8 pairs gpt-oss was 5 % slower
-/// there, Qwen3 4 % faster (bench/NOTES.md, session 11).
-pub const WGMMA_MIN_PAIRS_PER_EXPERT_16BIT: usize = 16;
+/// 16-bit weights from 4 pairs, on 64-row tiles there ([`default_tile_rows`]): gpt-oss bf16
+/// at M = 128 (4 pairs) took 1546 us on wgmma against 1607 on stream, Qwen3 bf16 at M = 128
+/// (8 pairs) 306 against 340 (bench/NOTES.md, session 16). On 128-row tiles the crossover
+/// had been 16 pairs (session 11).
+pub const WGMMA_MIN_PAIRS_PER_EXPERT_16BIT: usize = 4;
 /// MXFP4 weights from 32 pairs, on the shared-memory tile with two blocks per SM: gpt-oss at
 /// M = 1024 (32 pairs) took 1898 us there against 2355 on stream; at 16 pairs stream took
 /// 1353 against ~2700 on one block per SM (bench/NOTES.md, sessions 12-13).
 pub const WGMMA_MIN_PAIRS_PER_EXPERT_MXFP4: usize = 32;
-/// fp8 block-128 weights from 16 pairs: Qwen3-30B-A3B at M = 256 (16 pairs) took 349 us on
-/// wgmma against 392 on stream, at M = 128 (8 pairs) 323 against 262 (bench/NOTES.md,
-/// session 9).
-pub const WGMMA_MIN_PAIRS_PER_EXPERT_FP8_BLOCK: usize = 16;
+/// fp8 block-128 weights from 4 pairs, on 64-row tiles: DeepSeek-V3 at M = 128 (4 pairs)
+/// took 2591 us on wgmma against 2879 on stream, Qwen3-30B-A3B at M = 128 (8 pairs) 196
+/// against 224 (bench/NOTES.md, session 16). On 128-row tiles the crossover had been 16
+/// pairs (session 9).
+pub const WGMMA_MIN_PAIRS_PER_EXPERT_FP8_BLOCK: usize = 4;
 
 /// `MOEPLUG_WGMMA_N=128|256`, `MOEPLUG_WGMMA_BM=64|128|auto`, `MOEPLUG_WGMMA_BLOCKS=1|2`:
 /// diagnostic overrides of the wgmma family's block shape and blocks per SM (benchmarks). The
-/// defaults: 128-row tiles, one block per SM (64-row tiles measured 4-40 % slower in session
-/// 3, before TMA and warp specialisation took them), and 256 weight rows where the
-/// warp-specialised kernel takes them (16-bit operands: 5-10 % faster than 128 on Qwen3 and
-/// gpt-oss bf16 at M = 1024 / 4096, bench/NOTES.md session 11), else 128. `auto`: the tile
-/// height whose blocks read fewer bytes through the L2 ([`wgmma_l2_bytes`]; opt-in until the
-/// H200 has measured it).
+/// defaults: the tile height of [`default_tile_rows`] (`auto` asks for the L2 rule on every
+/// format), one block per SM, and 256 weight rows where the warp-specialised kernel takes them
+/// (16-bit operands: 5-10 % faster than 128 on Qwen3 and gpt-oss bf16 at M = 1024 / 4096,
+/// bench/NOTES.md session 11; 64-row tiles take them for every format), else 128.
 static WGMMA_N_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_N"));
 static WGMMA_BM_PREFERENCE: Lazy<Option<TileRows>> = Lazy::new(|| {
     let v = std::env::var("MOEPLUG_WGMMA_BM").ok()?;
@@ -520,7 +519,25 @@ fn wgmma_shape_for(
                 tall
             }
         }
-        None => wgmma_shape(spec, None),
+        None => {
+            let rows = default_tile_rows(spec.weight_format);
+            wgmma_shape_for(spec, Some(rows), m, topk, experts)
+        }
+    }
+}
+
+/// The wgmma family's tile height by weight format, measured on the H200 (bench/NOTES.md,
+/// session 16, 64 against 128 rows at M = 256-4096):
+/// - fp8 block-128: 64 rows everywhere. Its 64 x 256 blocks took 0.72-0.76x the 128 x 128
+///   blocks' time at 16-32 pairs per expert and 0.94-0.97x at 128-256 pairs, where the
+///   128-row tiles are full and read fewer bytes: the byte count does not bind this kernel.
+/// - everything else: the L2 rule ([`wgmma_l2_bytes`]). On bf16 it picks 64 rows up to 32
+///   pairs per expert (0.90-0.92x) and 128 from 64 pairs, where 64-row tiles measured 1.00x
+///   (Qwen3) to 1.14x (Qwen3 at 256 pairs). MXFP4 fills 128-row tiles only.
+fn default_tile_rows(format: WeightFormat) -> TileRows {
+    match format {
+        WeightFormat::Fp8Block128 => TileRows::Fixed(64),
+        _ => TileRows::ByL2Bytes,
     }
 }
 
@@ -844,6 +861,40 @@ mod tests {
         // and a fixed preference is taken as given
         let s = wgmma_shape_for(fp8.clone(), Some(TileRows::Fixed(64)), 4096, 8, 256);
         assert_eq!((s.wgmma_bm, s.wgmma_ws), (64, true));
+    }
+
+    #[test]
+    fn default_tile_height_is_64_rows_for_fp8_blocks_and_the_l2_rule_elsewhere() {
+        let base = KernelSpec {
+            family: Family::Wgmma,
+            ..crate::backend::gpu::default_spec()
+        };
+        let fp8 = KernelSpec {
+            weight_format: WeightFormat::Fp8Block128,
+            act_dtype: ActDtype::Fp8Block128,
+            stage2_act_dtype: ActDtype::Fp8Block128,
+            ..base.clone()
+        };
+        let mx = KernelSpec {
+            weight_format: WeightFormat::Mxfp4,
+            scale_layout: Some(ScaleLayout::AiterE8m0),
+            ..base.clone()
+        };
+        let rows = |spec: &KernelSpec, m: usize, topk: usize, experts: usize| {
+            let s = wgmma_shape_for(spec.clone(), None, m, topk, experts);
+            assert!(wgmma_spec_unsupported(90, &s).is_none(), "{s:?}");
+            (s.wgmma_bm, s.wgmma_block_rows())
+        };
+        // fp8 block-128: 64 x 256 blocks from DeepSeek-V3's 4 pairs per expert to Qwen3's 256
+        for (m, topk, experts) in [(128, 8, 256), (4096, 8, 256), (4096, 8, 128)] {
+            assert_eq!(rows(&fp8, m, topk, experts), (64, 256));
+        }
+        // bf16: 64 rows up to 32 pairs per expert, 128 from 64 (Qwen3: 128 experts, top 8)
+        assert_eq!(rows(&base, 64, 8, 128), (64, 256));
+        assert_eq!(rows(&base, 512, 8, 128), (64, 256));
+        assert_eq!(rows(&base, 1024, 8, 128), (128, 256));
+        // MXFP4: 128 x 128 only
+        assert_eq!(rows(&mx, 4096, 4, 128), (128, 128));
     }
 
     #[test]

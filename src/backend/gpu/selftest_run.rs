@@ -14,7 +14,7 @@ use std::time::Instant;
 use half::bf16;
 
 use super::heuristics::{selectable, sm_version};
-use super::selftest::{decide, Decision, FamilyResult, Outcome, Role};
+use super::selftest::{decide, refusal, Decision, FamilyResult, Outcome, Role};
 use super::spec::{Family, FamilySet, KernelSpec};
 use super::{launch, GpuBackend, Vendor};
 use crate::error::{Result, Status};
@@ -113,30 +113,33 @@ pub fn families_to_test(vendor: Vendor, arch: &str) -> Vec<Family> {
 /// The kernel configuration each tested family runs (what the self-test compiles on `arch`;
 /// `tests/kernel_compile.rs` compiles the same list).
 pub fn tested_specs(vendor: Vendor, arch: &str) -> Vec<KernelSpec> {
-    families_to_test(vendor, arch)
-        .into_iter()
-        .map(|family| {
-            let spec = KernelSpec {
-                family,
-                // as a launch gets it
-                fused_combine: super::heuristics::fused_combine(arch, family),
-                ..problem_spec()
-            };
-            // The wgmma family runs its warp-specialised TMA kernel where launches would.
-            let ws = KernelSpec {
-                wgmma_tma: true,
-                wgmma_ws: true,
-                ..spec.clone()
-            };
-            let ws_ok =
-                family == Family::Wgmma && sm_version(arch).is_some_and(|sm| selectable(sm, &ws));
-            if ws_ok {
-                ws
-            } else {
-                spec
-            }
-        })
-        .collect()
+    let mut specs = Vec::new();
+    for family in families_to_test(vendor, arch) {
+        let spec = KernelSpec {
+            family,
+            // as a launch gets it
+            fused_combine: super::heuristics::fused_combine(arch, family),
+            ..problem_spec()
+        };
+        // The wgmma family runs its warp-specialised TMA kernel where launches would, on both
+        // tile heights launches take (64 rows at few pairs per expert, 128 at many).
+        let ws = |rows: u32| KernelSpec {
+            wgmma_tma: true,
+            wgmma_ws: true,
+            wgmma_bm: rows,
+            ..spec.clone()
+        };
+        let ws_ok = |s: &KernelSpec| {
+            family == Family::Wgmma && sm_version(arch).is_some_and(|sm| selectable(sm, s))
+        };
+        let shapes: Vec<KernelSpec> = [ws(128), ws(64)].into_iter().filter(ws_ok).collect();
+        if shapes.is_empty() {
+            specs.push(spec);
+        } else {
+            specs.extend(shapes);
+        }
+    }
+    specs
 }
 
 /// Run the self-test on `dev` (its context is retained, the backend not yet shared) and
@@ -157,12 +160,20 @@ pub fn run(dev: &GpuBackend) -> Result<SelfTest> {
     let mut results = Vec::new();
     for spec in specs {
         let name = spec.family.name();
-        let outcome = outcome_of(run_fused(dev, &problem, spec, is_broken(name)));
-        results.push(FamilyResult {
+        let result = FamilyResult {
             family: name,
             role: Role::FusedMoe,
-            outcome,
-        });
+            outcome: outcome_of(run_fused(dev, &problem, spec, is_broken(name))),
+        };
+        // A family tested on several shapes passes only if each does: its first failure stands.
+        match results
+            .iter_mut()
+            .find(|r: &&mut FamilyResult| r.family == name)
+        {
+            Some(first) if refusal(first).is_none() => *first = result,
+            Some(_) => {}
+            None => results.push(result),
+        }
     }
     results.push(FamilyResult {
         family: PREP,
@@ -762,16 +773,22 @@ mod tests {
         let l = device_launch(&p);
         let shape = check_launch(&l).unwrap();
         let all = FamilySet::all();
-        // Few pairs per expert: the stream family is the first pick on sm_90.
+        // 4 pairs per expert: the wgmma family is the first pick on sm_90, stream before it.
         assert_eq!(
             choose_accepted("sm_90", &l, &shape, all).unwrap(),
+            Family::Wgmma
+        );
+        assert_eq!(
+            choose_accepted("sm_89", &l, &shape, all).unwrap(),
             Family::Stream
         );
         let no_stream: FamilySet = [Family::Fp32, Family::Tile32].into_iter().collect();
-        assert_eq!(
-            choose_accepted("sm_90", &l, &shape, no_stream).unwrap(),
-            Family::Tile32
-        );
+        for arch in ["sm_89", "sm_90"] {
+            assert_eq!(
+                choose_accepted(arch, &l, &shape, no_stream).unwrap(),
+                Family::Tile32
+            );
+        }
         let fp32_only: FamilySet = [Family::Fp32].into_iter().collect();
         assert_eq!(
             choose_accepted("sm_90", &l, &shape, fp32_only).unwrap(),
@@ -786,7 +803,7 @@ mod tests {
         assert_eq!(
             e.message,
             "no kernel family that passed this device's self-test before first use can run \
-             this launch (stream and its fallbacks were refused; `moeplug info` says why)"
+             this launch (wgmma and its fallbacks were refused; `moeplug info` says why)"
         );
         // HIP picks fp32: refusing it leaves nothing.
         assert!(choose_accepted("gfx942", &l, &shape, no_stream).is_ok());
