@@ -723,6 +723,35 @@ fn wgmma_l2_bytes(spec: &KernelSpec, m: usize, topk: usize, experts: usize) -> f
     rows * (bm as f64 + w) / (bm as f64 * w)
 }
 
+/// Work units (a sorted tile's 256 weight rows) in each stage of a wgmma launch on 64-row
+/// tiles from which its decode can beat the stream family: about one wave of the H100 / H200's
+/// 132 SMs. Measured (bench/NOTES.md, session 16): 96 units lost (gpt-oss bf16 and Qwen3 bf16
+/// at M = 2: 1.045x and 1.027x stream's time), 128 won (DeepSeek-V3 fp8 at M = 1: 0.979x).
+pub const WGMMA_DECODE_MIN_UNITS: f64 = 120.0;
+/// Weight bytes a launch reads from which the wgmma family's decode can beat the stream
+/// family: 256 MiB take ~62 us at 4.3 TB/s, against wgmma's 6-10 us more fixed cost (Qwen3 at
+/// M = 1: 38.3 against 32.5 us bf16, 43.7 against 34.0 fp8). Measured: Qwen3 bf16 at M = 8
+/// (~490 MB) 0.949x stream's time, at M = 4 (~275 MB) 1.013x; Qwen3 fp8 at M = 8 (~245 MB)
+/// 0.988x, at M = 4 (~140 MB) 1.091x. The two ties either side are the rule's misses (1 %).
+pub const WGMMA_DECODE_MIN_WEIGHT_BYTES: f64 = (256u64 << 20) as f64;
+
+/// Whether the wgmma family (on 64-row TMA tiles) streams a decode launch's weights faster
+/// than the stream family though its tiles are mostly padding: where each stage fills about
+/// one wave of blocks and the weights read dwarf its fixed cost. Below 4 pairs per expert the
+/// experts with a pair are about the 64-row tiles ([`expected_tiles`]).
+fn wgmma_streams_decode_faster(launch: &MoeLaunch, shape: &LaunchShape) -> bool {
+    let l = &launch.config.layout;
+    let experts = l.num_experts.max(1);
+    let active = expected_tiles(shape.m, shape.topk, experts, 64);
+    let gated = launch.config.activation.is_gated();
+    let stage1_cols = l.intermediate_padded * if gated { 2 } else { 1 };
+    // a 64-row tile's block: two warpgroups of 128 weight rows
+    let units = |cols: usize| active * cols.div_ceil(256) as f64;
+    let bytes_per_expert = (launch.w13.nbytes() + launch.w2.nbytes()) as f64 / experts as f64;
+    units(stage1_cols).min(units(l.hidden_padded)) >= WGMMA_DECODE_MIN_UNITS
+        && active * bytes_per_expert >= WGMMA_DECODE_MIN_WEIGHT_BYTES
+}
+
 /// The family for this launch on `arch`.
 pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
     if launch.config.layout.weight_format.is_int4() {
@@ -756,7 +785,10 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
         _ if sixteen_bit => WGMMA_MIN_PAIRS_PER_EXPERT_16BIT,
         _ => WGMMA_MIN_PAIRS_PER_EXPERT,
     };
-    if wgmma_ok && pairs_per_expert >= wgmma_min {
+    let streams_faster = (sixteen_bit
+        || launch.config.layout.weight_format == WeightFormat::Fp8Block128)
+        && wgmma_streams_decode_faster(launch, shape);
+    if wgmma_ok && (pairs_per_expert >= wgmma_min || streams_faster) {
         Family::Wgmma
     } else if stream_ok && pairs_per_expert <= STREAM_MAX_PAIRS_PER_EXPERT[sixteen_bit as usize] {
         Family::Stream
@@ -895,6 +927,117 @@ mod tests {
         assert_eq!(rows(&base, 1024, 8, 128), (128, 256));
         // MXFP4: 128 x 128 only
         assert_eq!(rows(&mx, 4096, 4, 128), (128, 128));
+    }
+
+    /// A launch of `m` tokens over the kit's MoE shapes (never dereferenced: the heuristics
+    /// read types, shapes and alignment).
+    fn model_launch(
+        format: WeightFormat,
+        experts: usize,
+        h: usize,
+        i: usize,
+        m: usize,
+    ) -> MoeLaunch {
+        use crate::layout::Layout;
+        use crate::moe::MoeConfig;
+        use crate::tensor::{DeviceKind, ElemType, Tensor};
+        use crate::types::Activation;
+        let (w, act) = match format {
+            WeightFormat::Bf16 => (ElemType::Bf16, ActDtype::Bf16),
+            _ => (ElemType::Fp8E4m3fn, ActDtype::Fp8Block128),
+        };
+        let t = |name, elem, shape: &[usize]| Tensor {
+            name,
+            ptr: std::ptr::null_mut(),
+            device: DeviceKind::Cuda,
+            device_id: 0,
+            elem,
+            shape: shape.to_vec(),
+        };
+        let scales = |name, rows: usize, cols: usize| {
+            (format == WeightFormat::Fp8Block128)
+                .then(|| t(name, ElemType::F32, &[experts, rows / 128, cols / 128]))
+        };
+        MoeLaunch {
+            config: MoeConfig {
+                layout: Layout {
+                    weight_format: format,
+                    gate_mode: GateMode::Separated,
+                    weight_layout: WeightLayout::Aiter16x16,
+                    scale_layout: None,
+                    num_experts: experts,
+                    hidden_size: h,
+                    intermediate_size: i,
+                    hidden_padded: h,
+                    intermediate_padded: i,
+                    has_bias: false,
+                },
+                activation: Activation::Silu,
+                alpha: Activation::Silu.resolve_alpha(0.0),
+                limit: None,
+                act_dtype: act,
+                stage2_act_dtype: act,
+                prequantized_input: false,
+                static_act_scale: [false; 2],
+                router_weight_on_input: false,
+                has_expert_mask: false,
+                has_num_local_tokens: false,
+            },
+            hidden_states: t("hidden_states", ElemType::Bf16, &[m, h]),
+            hidden_scale: None,
+            w13: t("w13", w, &[experts, 2 * i, h]),
+            w13_scale: scales("w13_scale", 2 * i, h),
+            w13_bias: None,
+            w2: t("w2", w, &[experts, h, i]),
+            w2_scale: scales("w2_scale", h, i),
+            w2_bias: None,
+            topk_weights: t("topk_weights", ElemType::F32, &[m, 8]),
+            topk_ids: t("topk_ids", ElemType::I32, &[m, 8]),
+            expert_mask: None,
+            num_local_tokens: None,
+            output: t("output", ElemType::Bf16, &[m, h]),
+            workspace: None,
+            stream: 0,
+            stage1_act_scale: None,
+            stage2_act_scale: None,
+        }
+    }
+
+    #[test]
+    fn decode_runs_wgmma_where_its_blocks_fill_a_wave_and_the_weights_dwarf_its_fixed_cost() {
+        // (format, experts, hidden, intermediate, top-k, M): the family measured faster
+        // (bench/NOTES.md, session 16)
+        let bf16 = WeightFormat::Bf16;
+        let fp8 = WeightFormat::Fp8Block128;
+        let cases = [
+            // Qwen3-30B-A3B: small experts, wgmma from 8 tokens (64 pairs)
+            (bf16, 128, 2048, 768, 8, 2, Family::Stream),
+            (bf16, 128, 2048, 768, 8, 8, Family::Wgmma),
+            (fp8, 128, 2048, 768, 8, 4, Family::Stream),
+            (fp8, 128, 2048, 768, 8, 16, Family::Wgmma),
+            // gpt-oss-120b bf16: 12 column blocks of stage 2 per expert, a wave from M = 4
+            (bf16, 128, 2880, 2880, 4, 2, Family::Stream),
+            (bf16, 128, 2880, 2880, 4, 4, Family::Wgmma),
+            // DeepSeek-V3 fp8: 8 experts of 44 MB fill a wave at M = 1
+            (fp8, 256, 7168, 2048, 8, 1, Family::Wgmma),
+        ];
+        for (format, experts, h, i, topk, m, want) in cases {
+            let l = model_launch(format, experts, h, i, m);
+            let shape = LaunchShape {
+                m,
+                topk,
+                hidden_cols: h,
+                output_cols: h,
+                weight_elem: l.w13.elem,
+            };
+            assert_eq!(
+                choose("sm_90", &l, &shape),
+                want,
+                "{format:?} E={experts} H={h} M={m}"
+            );
+            // where the wgmma family does not run, stream keeps decode
+            assert_eq!(choose("sm_89", &l, &shape), Family::Stream);
+        }
     }
 
     #[test]
