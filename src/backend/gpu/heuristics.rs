@@ -853,10 +853,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn auto_tile_height_takes_64_rows_where_they_read_fewer_l2_bytes() {
-        // MOEPLUG_WGMMA_BM=auto on the kit's cases (experts, top-k, format): 64-row tiles
-        // (64 x 256 blocks) where 128-row tiles are mostly padding, 128 where they fill.
+    /// The wgmma family's default spec for bf16, fp8 block-128 and MXFP4 weights.
+    fn wgmma_format_specs() -> [KernelSpec; 3] {
         let base = KernelSpec {
             family: Family::Wgmma,
             ..crate::backend::gpu::default_spec()
@@ -872,6 +870,14 @@ mod tests {
             scale_layout: Some(ScaleLayout::AiterE8m0),
             ..base.clone()
         };
+        [base, fp8, mx]
+    }
+
+    #[test]
+    fn auto_tile_height_takes_64_rows_where_they_read_fewer_l2_bytes() {
+        // MOEPLUG_WGMMA_BM=auto on the kit's cases (experts, top-k, format): 64-row tiles
+        // (64 x 256 blocks) where 128-row tiles are mostly padding, 128 where they fill.
+        let [base, fp8, mx] = wgmma_format_specs();
         let rows = |spec: &KernelSpec, m: usize, topk: usize, experts: usize| {
             let s = wgmma_shape_for(spec.clone(), Some(TileRows::ByL2Bytes), m, topk, experts);
             assert!(wgmma_spec_unsupported(90, &s).is_none(), "{s:?}");
@@ -897,21 +903,7 @@ mod tests {
 
     #[test]
     fn default_tile_height_is_64_rows_for_fp8_blocks_and_the_l2_rule_elsewhere() {
-        let base = KernelSpec {
-            family: Family::Wgmma,
-            ..crate::backend::gpu::default_spec()
-        };
-        let fp8 = KernelSpec {
-            weight_format: WeightFormat::Fp8Block128,
-            act_dtype: ActDtype::Fp8Block128,
-            stage2_act_dtype: ActDtype::Fp8Block128,
-            ..base.clone()
-        };
-        let mx = KernelSpec {
-            weight_format: WeightFormat::Mxfp4,
-            scale_layout: Some(ScaleLayout::AiterE8m0),
-            ..base.clone()
-        };
+        let [base, fp8, mx] = wgmma_format_specs();
         let rows = |spec: &KernelSpec, m: usize, topk: usize, experts: usize| {
             let s = wgmma_shape_for(spec.clone(), None, m, topk, experts);
             assert!(wgmma_spec_unsupported(90, &s).is_none(), "{s:?}");
