@@ -1002,7 +1002,7 @@ mod tests {
         let bf16 = WeightFormat::Bf16;
         let fp8 = WeightFormat::Fp8Block128;
         let cases = [
-            // Qwen3-30B-A3B: small experts, wgmma from 8 tokens (64 pairs)
+            // Qwen3-30B-A3B: small experts, bf16 on wgmma from M = 4, fp8 from M = 16
             (bf16, 128, 2048, 768, 8, 2, Family::Stream),
             (bf16, 128, 2048, 768, 8, 8, Family::Wgmma),
             (fp8, 128, 2048, 768, 8, 4, Family::Stream),
