@@ -7,7 +7,7 @@ use once_cell::sync::Lazy;
 
 use super::spec::{Family, FamilySet, KernelSpec, StreamPrefetch};
 use crate::error::{Error, Result};
-use crate::moe::check::LaunchShape;
+use crate::moe::check::{w13_rows, LaunchShape};
 use crate::moe::MoeLaunch;
 use crate::types::{ActDtype, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
@@ -743,12 +743,10 @@ fn wgmma_streams_decode_faster(launch: &MoeLaunch, shape: &LaunchShape) -> bool 
     let l = &launch.config.layout;
     let experts = l.num_experts.max(1);
     let active = expected_tiles(shape.m, shape.topk, experts, 64);
-    let gated = launch.config.activation.is_gated();
-    let stage1_cols = l.intermediate_padded * if gated { 2 } else { 1 };
     // a 64-row tile's block: two warpgroups of 128 weight rows
-    let units = |cols: usize| active * cols.div_ceil(256) as f64;
+    let units = |rows: usize| active * rows.div_ceil(256) as f64;
     let bytes_per_expert = (launch.w13.nbytes() + launch.w2.nbytes()) as f64 / experts as f64;
-    units(stage1_cols).min(units(l.hidden_padded)) >= WGMMA_DECODE_MIN_UNITS
+    units(w13_rows(&launch.config)).min(units(l.hidden_padded)) >= WGMMA_DECODE_MIN_UNITS
         && active * bytes_per_expert >= WGMMA_DECODE_MIN_WEIGHT_BYTES
 }
 
@@ -785,10 +783,13 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
         _ if sixteen_bit => WGMMA_MIN_PAIRS_PER_EXPERT_16BIT,
         _ => WGMMA_MIN_PAIRS_PER_EXPERT,
     };
-    let streams_faster = (sixteen_bit
-        || launch.config.layout.weight_format == WeightFormat::Fp8Block128)
-        && wgmma_streams_decode_faster(launch, shape);
-    if wgmma_ok && (pairs_per_expert >= wgmma_min || streams_faster) {
+    // The decode rule only where the minimum above is 4 pairs (64-row tiles measured there);
+    // evaluated only when the pair count does not already decide.
+    let streams_faster = || {
+        (sixteen_bit || launch.config.layout.weight_format == WeightFormat::Fp8Block128)
+            && wgmma_streams_decode_faster(launch, shape)
+    };
+    if wgmma_ok && (pairs_per_expert >= wgmma_min || streams_faster()) {
         Family::Wgmma
     } else if stream_ok && pairs_per_expert <= STREAM_MAX_PAIRS_PER_EXPERT[sixteen_bit as usize] {
         Family::Stream
