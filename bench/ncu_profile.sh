@@ -8,6 +8,9 @@ export MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so PYTHONUNBUFFERED=1
 export MOEPLUG_CACHE_DIR=/tmp/moeplug-cache MOEPLUG_SELFTEST=0
 export BENCH_E="gpt-oss-120b=128,deepseek-v3=256,qwen3-30b-a3b=128" BENCH_ITERS=1 BENCH_SETS=1
 # NCU_WHAT=breakdown: which L2 / L1 sub-unit is the busy one, tensor-pipe activity and stalls.
+# NCU_KERNELS (regex, default moe_stage), NCU_SKIP / NCU_COUNT (launches of those kernels skipped
+# and profiled, default 2 / 2): e.g. NCU_KERNELS=moe_ NCU_SKIP=6 NCU_COUNT=6 for every kernel
+# of one launch that has six.
 sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
   --section Occupancy --section LaunchStats --section SchedulerStats"
 if [ "${NCU_WHAT:-}" = breakdown ]; then
@@ -22,7 +25,8 @@ for c in "$@"; do
   IFS=: read -r model fmt m <<<"$c"
   echo "=== $c" | tee -a "$OUT/ncu.log"
   BENCH_RUNS="$model:$fmt" BENCH_M=$m timeout ${NCU_TIMEOUT:-150} ncu --clock-control none \
-    -k regex:moe_stage --launch-skip 2 --launch-count 2 $sections \
+    -k regex:${NCU_KERNELS:-moe_stage} --launch-skip ${NCU_SKIP:-2} --launch-count ${NCU_COUNT:-2} \
+    $sections \
     python3 bench/gpu_fused_moe.py 2>&1 | tee -a "$OUT/ncu.log" \
     | grep -E "${NCU_GREP:-moe_stage|Duration|Throughput|Pipe|Registers|Achieved Occ|Theoretical Occ|Stall|L2 Hit|Eligible|Issued Warp|No Eligible|Block Limit|Dynamic Shared|One or More}" | head -${NCU_LINES:-60}
 done

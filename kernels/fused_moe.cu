@@ -25,7 +25,8 @@
 #else
 #error "unknown FAMILY"
 #endif
-// Every kernel of a PDL module must wait on its predecessor: the stream family's stages do.
-#if PDL && FAMILY != FAMILY_STREAM
-#error "PDL: only the stream family's stages call pdl_enter"
+// Every kernel of a PDL module must wait on its predecessor: the stream and wgmma families'
+// stages do (spec::Pdl).
+#if PDL && FAMILY != FAMILY_STREAM && FAMILY != FAMILY_WGMMA
+#error "PDL: only the stream and wgmma families' stages call pdl_enter"
 #endif

@@ -80,21 +80,34 @@ struct Params {
 #define QGROUP(k) 0
 #endif
 
-// ---- programmatic dependent launch (PDL, sm_90, spec::KernelSpec::pdl) -------------------
+// ---- programmatic dependent launch (PDL, sm_90, spec::Pdl) -------------------------------
 
 #ifndef PDL
 #define PDL 0
 #endif
-// First statement of every kernel of the module. With PDL the host launches each kernel as a
-// programmatic dependent of the previous one in the stream: its blocks may be resident while
-// that one finishes, and wait here until it has completed and its writes are visible; only
-// then do they let the next kernel start, so a kernel that starts early never reads results
-// of any grid before its predecessor.
+#define PDL_WAIT 1   // every kernel waits first
+#define PDL_EARLY 2  // the wgmma stages that can start their weight copies before waiting
+// With PDL the host launches each kernel as a programmatic dependent of the previous one in
+// the stream: its blocks may be resident while that one finishes, and wait here until it has
+// completed and its writes are visible; only then do they let the next kernel start, so a
+// kernel that starts early never reads results of any grid before its predecessor. Every
+// block of a PDL module calls this before it exits (a block that exits counts as letting the
+// next kernel start).
 __device__ __forceinline__ void pdl_enter() {
 #if PDL && !defined(MP_HOST)
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Whether a GEMM stage may read, before its pdl_enter, the route kernel's results (the tile
+// list, its experts) and the weights (PDL_EARLY, the wgmma family): its predecessor is not the
+// route kernel, and that predecessor let this stage start only after its own wait, so the
+// route kernel has completed. Stage 2 always follows stage 1 (and perhaps its quantize
+// kernels); stage 1 follows the route kernel directly unless the activations are quantized
+// (or imported) first.
+__device__ __forceinline__ constexpr bool pdl_early(bool stage1) {
+  return PDL == PDL_EARLY && (!stage1 || ACT_Q != 0);
 }
 
 // ---- weights ----------------------------------------------------------------------------

@@ -843,8 +843,11 @@ __device__ __forceinline__ void wg_work(int w, int tiles, int nblk, int& tile, i
   n0 = nb * (GATED ? WG_COLS1 : WG_COLS2);
 }
 
+// Calls pdl_enter; with PDL_EARLY (pdl_early) after starting the first weight copies.
 template <bool GATED>
 __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
+  constexpr bool EARLY = pdl_early(GATED);
+  if (!EARLY) pdl_enter();
   extern __shared__ u8 wg_smem_raw[];
   __shared__ __align__(8) u64 s_full[WG_STAGES], s_empty[WG_STAGES];
   int tid = threadIdx.x;
@@ -852,7 +855,10 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
   int cols = GATED ? WG_COLS1 : WG_COLS2;
   int nblk = ((GATED ? p.I : p.H) + cols - 1) / cols;
   int work = tiles * nblk;
-  if ((int)blockIdx.x >= work) return;  // every thread of the block, before any barrier
+  if ((int)blockIdx.x >= work) {  // every thread of the block, before any barrier
+    if (EARLY) pdl_enter();
+    return;
+  }
   u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;
   u32 full0 = smem_addr(&s_full[0]), empty0 = smem_addr(&s_empty[0]);
   if (tid == 0) {
@@ -871,6 +877,19 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
   int nk = (K + WG_KSTEP - 1) / WG_KSTEP;
   const int* sorted = (const int*)p.sorted_rows;
   const int* tile_expert = (const int*)p.tile_expert;
+  // PDL_EARLY: the weight tiles of the first work item's first ring stages (free on the first
+  // pass) are in flight while the previous kernel finishes; the activations wait for it.
+  u32 early = 0;  // ring steps whose weight copy has started
+  if (EARLY && tid == 0) {
+    int tile, n0;
+    wg_work<GATED>(blockIdx.x, tiles, nblk, tile, n0);
+    int group = wg_tma_group<GATED>(tile_expert[tile], Nst, n0);
+    early = nk < WG_STAGES ? nk : WG_STAGES;
+    for (u32 ks = 0; ks < early; ++ks)
+      tma_load_weights<GATED>(base + ks * WG_STAGE_BYTES + WG_A_BYTES, wmap, group, ks,
+                              full0 + 8 * ks);
+  }
+  if (EARLY) pdl_enter();
 
   if (tid < 128) {
     // Producer: thread t copies chunk t & 7 of activation rows (t >> 3) + 16 i; thread 0
@@ -891,7 +910,8 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
         int st = it % WG_STAGES;
         mbar_wait(empty0 + 8 * st, ((it / WG_STAGES) & 1) ^ 1);  // first pass: free
         u32 sa = base + (u32)st * WG_STAGE_BYTES, bar = full0 + 8 * st;
-        if (tid == 0) tma_load_weights<GATED>(sa + WG_A_BYTES, wmap, group, ks, bar);
+        if (tid == 0 && it >= early)  // the first `early` steps' copies started before the wait
+          tma_load_weights<GATED>(sa + WG_A_BYTES, wmap, group, ks, bar);
 #pragma unroll
         for (int i = 0; i < BM / 16; ++i) {
           i64 off = (i64)ks * WG_ROW + ac * 16;
@@ -975,24 +995,30 @@ MP_KERNEL void __launch_bounds__(WG_WS_THREADS, 1)
 // The second parameter: the tensor map of this stage's weights (w13 / w2).
 MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS)
     moe_stage1(Params p, const __grid_constant__ WgTmaMap wmap) {
+  pdl_enter();
   moe_gemm_wg<true>(p, &wmap);
 }
 MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS)
     moe_stage2(Params p, const __grid_constant__ WgTmaMap wmap) {
+  pdl_enter();
   moe_gemm_wg<false>(p, &wmap);
 }
 #elif WG_RS
 MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS) moe_stage1(Params p) {
+  pdl_enter();
   moe_gemm_wg_rs<true>(p);
 }
 MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS) moe_stage2(Params p) {
+  pdl_enter();
   moe_gemm_wg_rs<false>(p);
 }
 #else
 MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS) moe_stage1(Params p) {
+  pdl_enter();
   moe_gemm_wg<true>(p, nullptr);
 }
 MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS) moe_stage2(Params p) {
+  pdl_enter();
   moe_gemm_wg<false>(p, nullptr);
 }
 #endif

@@ -1,9 +1,10 @@
-"""Programmatic dependent launch (the stream family's default on sm_90, MOEPLUG_PDL=0 turns it
-off: every kernel of a launch may start while the previous one finishes and waits on it with
-griddepcontrol): the same bits as the plain launches for formats that run every kernel of the
-module (route, amax, quant, both stages, reduce or the fused combine), with the expert mask and
-padded columns, run after run and in CUDA graph replays. MOEPLUG_PDL is read once per process, so
-each setting runs in a fresh process (`child`)."""
+"""Programmatic dependent launch (the stream and wgmma families' default on sm_90: every kernel
+of a launch may start while the previous one finishes and waits on it with griddepcontrol; by
+default a stage that follows no route kernel starts its weight reads before it waits;
+MOEPLUG_PDL=wait waits first, =0 launches plainly): the same bits in every mode for formats that
+run every kernel of the module (route, amax, quant, both stages, reduce or the fused combine),
+with the expert mask and padded columns, run after run and in CUDA graph replays. MOEPLUG_PDL is
+read once per process, so each setting runs in a fresh process (`child`)."""
 
 import pytest
 
@@ -36,16 +37,17 @@ def child(path):
     torch.save(outs, path)
 
 
-def run_pdl_child(path, pdl):
-    return run_child("test_pdl", path,
-                     {"MOEPLUG_PDL": "1" if pdl else "0", "MOEPLUG_GPU_FAMILY": "stream"})
+def run_pdl_child(path, family, pdl):
+    return run_child("test_pdl", path, {"MOEPLUG_PDL": pdl, "MOEPLUG_GPU_FAMILY": family})
 
 
-def test_pdl_gives_the_plain_launch_bits(tmp_path):
+@pytest.mark.parametrize("family", ["stream", "wgmma"])
+def test_pdl_gives_the_plain_launch_bits(tmp_path, family):
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90 (the launches stay plain below)")
-    pdl = run_pdl_child(tmp_path / "pdl.pt", True)
-    plain = run_pdl_child(tmp_path / "plain.pt", False)
-    assert pdl.keys() == plain.keys()
-    differ = [k for k in pdl if not torch.equal(pdl[k], plain[k])]
-    assert not differ, f"PDL bits differ from the plain launches: {differ}"
+    plain = run_pdl_child(tmp_path / "plain.pt", family, "0")
+    for mode in ("wait", "early"):
+        pdl = run_pdl_child(tmp_path / f"{mode}.pt", family, mode)
+        assert pdl.keys() == plain.keys()
+        differ = [k for k in pdl if not torch.equal(pdl[k], plain[k])]
+        assert not differ, f"{family}, MOEPLUG_PDL={mode}: bits differ from the plain launches: {differ}"

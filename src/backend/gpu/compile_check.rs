@@ -5,7 +5,7 @@
 //! every value of each option is compiled in every family.
 
 use super::heuristics::{selectable, STREAM_TILE_ROWS};
-use super::spec::{Family, KernelSpec, StreamPrefetch};
+use super::spec::{Family, KernelSpec, Pdl, StreamPrefetch};
 use crate::types::{ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
 pub fn selectable_specs(sm: u32) -> Vec<KernelSpec> {
@@ -66,7 +66,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 split_k: [[8, 4, 2, 1][n % 4], [8, 4, 2, 1][(n / 4) % 4]],
                                 stream_bm: STREAM_TILE_ROWS[0], // the default; 32 below
                                 stream_prefetch: StreamPrefetch::Off, // the default; others below
-                                pdl: false,                     // sm_90's default below
+                                pdl: Pdl::Off,                  // sm_90's default below
                                 // both tile heights and widths meet every format
                                 wgmma_n: [128, 256][chosen % 2],
                                 wgmma_bm: [128, 64][(chosen / 2) % 2],
@@ -104,12 +104,14 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 spec.wgmma_ws = false; // the producer starts TMA copies
                             }
                             // programmatic dependent launch where the arch has it (the
-                            // stream family's default on sm_90)
-                            spec.pdl = family == Family::Stream
-                                && keep(&KernelSpec {
-                                    pdl: true,
-                                    ..spec.clone()
-                                });
+                            // stream and wgmma families' default on sm_90)
+                            let on = KernelSpec {
+                                pdl: Pdl::Early.for_family(family),
+                                ..spec.clone()
+                            };
+                            if matches!(family, Family::Stream | Family::Wgmma) && keep(&on) {
+                                spec = on;
+                            }
                             if keep(&spec) {
                                 // MOEPLUG_FUSED_COMBINE=0 brings back moe_reduce: that variant
                                 // of every 16th configuration.
@@ -218,15 +220,21 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(prefetched);
-                                // MOEPLUG_PDL=0 (sm_90's plain launches): every fourth
-                                // stream configuration.
-                                let plain = (spec.pdl && chosen % 4 == 3)
-                                    .then(|| KernelSpec {
-                                        pdl: false,
+                                // MOEPLUG_PDL=0 (sm_90's plain launches) and =wait (every
+                                // kernel waits first): each on every fourth configuration.
+                                let other_pdl = match chosen % 4 {
+                                    3 => Some(Pdl::Off),
+                                    1 => Some(Pdl::Wait),
+                                    _ => None,
+                                };
+                                let other = other_pdl
+                                    .filter(|&pdl| spec.pdl.on() && pdl != spec.pdl)
+                                    .map(|pdl| KernelSpec {
+                                        pdl,
                                         ..spec.clone()
                                     })
                                     .filter(&keep);
-                                out.extend(plain);
+                                out.extend(other);
                                 // GELU_TANH differs from GELU in the epilogue's one call:
                                 // it is compiled wherever GELU is.
                                 let tanh =

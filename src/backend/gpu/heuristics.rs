@@ -5,7 +5,7 @@
 
 use once_cell::sync::Lazy;
 
-use super::spec::{Family, FamilySet, KernelSpec, StreamPrefetch};
+use super::spec::{Family, FamilySet, KernelSpec, Pdl, StreamPrefetch};
 use crate::error::{Error, Result};
 use crate::moe::check::{w13_rows, LaunchShape};
 use crate::moe::MoeLaunch;
@@ -138,11 +138,17 @@ static STREAM_PREFETCH_PREFERENCE: Lazy<Option<StreamPrefetch>> = Lazy::new(|| {
         .and_then(|v| StreamPrefetch::parse(&v))
 });
 
-/// `MOEPLUG_PDL=0`: plain launches for the stream family on sm_90 (an A/B switch). On by
-/// default: the H200 measured 2-8 % less time at M = 1 and no loss at M = 8 and 64, every
-/// difference above the spread of three interleaved rounds (bench/NOTES.md, session 8).
-static PDL_PREFERENCE: Lazy<bool> =
-    Lazy::new(|| !std::env::var("MOEPLUG_PDL").is_ok_and(|v| v.trim() == "0"));
+/// `MOEPLUG_PDL=0|wait|early` ([`Pdl::parse`]; "1" is early, the default): programmatic
+/// dependent launch of the stream and wgmma families on sm_90 (an A/B switch; the stream family
+/// waits where early is asked for, [`Pdl::for_family`]). On the H200, waiting at each kernel's
+/// start measured 2-8 % less time at M = 1 and no loss at M = 8 and 64 (bench/NOTES.md,
+/// session 8); the wgmma family's early weight copies 0-4 % less than waiting (session 17).
+static PDL_PREFERENCE: Lazy<Pdl> = Lazy::new(|| {
+    std::env::var("MOEPLUG_PDL")
+        .ok()
+        .and_then(|v| Pdl::parse(&v))
+        .unwrap_or(Pdl::Early)
+});
 
 /// `MOEPLUG_FUSED_COMBINE=0|1`: a diagnostic switch of the fused top-k combine (A/B on a
 /// device); 1, like unset, fuses it where the family covers it, 0 launches `moe_reduce`.
@@ -255,8 +261,11 @@ pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
     if spec.stream_prefetch.on(sm) != spec.stream_prefetch {
         return Some("the bulk L2 prefetch needs sm_90");
     }
-    if spec.pdl && sm < PDL_MIN_SM {
+    if spec.pdl.on() && sm < PDL_MIN_SM {
         return Some("programmatic dependent launch needs sm_90");
+    }
+    if spec.pdl != spec.pdl.for_family(Family::Stream) {
+        return Some("no early weight reads before the wait (Pdl::Early)");
     }
     // Stage 2 of a separate stage-2 act dtype is a module of its own: both must be covered.
     if spec.separate_stage2() {
@@ -444,6 +453,9 @@ pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
     if spec.fused_combine && !spec.family.fuses_combine() {
         return false;
     }
+    if spec.pdl.on() && !matches!(spec.family, Family::Stream | Family::Wgmma) {
+        return false; // the other families' stages do not wait (kernels/fused_moe.cu)
+    }
     match spec.family {
         Family::Fp32 => sm < 80 || int4,
         Family::Tile32 => sm >= 80 && !int4,
@@ -489,7 +501,11 @@ pub fn spec_for(
         let prefetch = STREAM_PREFETCH_PREFERENCE.unwrap_or(StreamPrefetch::Off);
         let sm = sm_version(arch);
         spec.stream_prefetch = sm.map_or(prefetch, |sm| prefetch.on(sm));
-        spec.pdl = *PDL_PREFERENCE && sm.is_some_and(|sm| sm >= PDL_MIN_SM);
+    }
+    if matches!(family, Family::Stream | Family::Wgmma)
+        && sm_version(arch).is_some_and(|sm| sm >= PDL_MIN_SM)
+    {
+        spec.pdl = PDL_PREFERENCE.for_family(family);
     }
     if family == Family::Wgmma {
         let experts = launch.config.layout.num_experts;
@@ -1173,31 +1189,56 @@ mod tests {
     }
 
     #[test]
-    fn programmatic_dependent_launch_is_selectable_on_sm_90_stream_only() {
+    fn programmatic_dependent_launch_is_selectable_on_sm_90_stream_and_wgmma_only() {
         use super::super::compile_check::selectable_specs;
-        let pdl: Vec<KernelSpec> = selectable_specs(90).into_iter().filter(|s| s.pdl).collect();
-        assert!(!pdl.is_empty());
-        assert!(pdl.iter().all(|s| s.family == Family::Stream));
+        let on90 = selectable_specs(90);
+        let pdl: Vec<&KernelSpec> = on90.iter().filter(|s| s.pdl.on()).collect();
         assert!(pdl
             .iter()
-            .all(|s| s.defines().contains(&"PDL=1".to_string())));
-        // the default on sm_90, and MOEPLUG_PDL=0's plain launches
-        let plain = selectable_specs(90)
-            .into_iter()
-            .filter(|s| s.family == Family::Stream && !s.pdl)
-            .count();
-        assert!(
-            plain > 0 && plain < pdl.len(),
-            "{plain} plain, {} PDL",
-            pdl.len()
-        );
+            .all(|s| matches!(s.family, Family::Stream | Family::Wgmma)));
+        // each family's default (early / wait) and MOEPLUG_PDL's others
+        let modes = [
+            (Family::Stream, Pdl::Wait, "PDL=1"),
+            (Family::Stream, Pdl::Off, "PDL=0"),
+            (Family::Wgmma, Pdl::Early, "PDL=2"),
+            (Family::Wgmma, Pdl::Wait, "PDL=1"),
+            (Family::Wgmma, Pdl::Off, "PDL=0"),
+        ];
+        for (family, mode, define) in modes {
+            let n = on90
+                .iter()
+                .filter(|s| s.family == family && s.pdl == mode)
+                .inspect(|s| assert!(s.defines().contains(&define.to_string())))
+                .count();
+            assert!(n > 0, "{family:?} {mode:?}");
+        }
+        assert!(!on90
+            .iter()
+            .any(|s| s.family == Family::Stream && s.pdl == Pdl::Early));
+        assert!(on90
+            .iter()
+            .filter(|s| !matches!(s.family, Family::Stream | Family::Wgmma))
+            .all(|s| !s.defines().iter().any(|d| d.starts_with("PDL="))));
+        let mut tile32 = pdl[0].clone();
+        tile32.family = Family::Tile32;
+        assert!(!selectable(90, &tile32));
         for sm in [80, 89] {
-            assert!(!selectable_specs(sm).iter().any(|s| s.pdl), "sm_{sm}");
+            assert!(!selectable_specs(sm).iter().any(|s| s.pdl.on()), "sm_{sm}");
+            let stream = pdl.iter().find(|s| s.family == Family::Stream).unwrap();
             assert_eq!(
-                stream_spec_unsupported(sm, &pdl[0]),
+                stream_spec_unsupported(sm, stream),
                 Some("programmatic dependent launch needs sm_90")
             );
         }
+    }
+
+    #[test]
+    fn pdl_preference_spellings() {
+        assert_eq!(Pdl::parse("0"), Some(Pdl::Off));
+        assert_eq!(Pdl::parse(" wait"), Some(Pdl::Wait));
+        assert_eq!(Pdl::parse("1"), Some(Pdl::Early));
+        assert_eq!(Pdl::parse("early"), Some(Pdl::Early));
+        assert_eq!(Pdl::parse("2"), None);
     }
 
     #[test]

@@ -586,7 +586,9 @@ impl GpuBackend {
         let mut s = spec.clone();
         s.wgmma_tma &= self.api.cuTensorMapEncodeTiled.is_some();
         s.wgmma_ws &= s.wgmma_tma;
-        s.pdl &= self.api.cuLaunchKernelEx.is_some();
+        if self.api.cuLaunchKernelEx.is_none() {
+            s.pdl = spec::Pdl::Off;
+        }
         s
     }
 
@@ -608,7 +610,7 @@ impl GpuBackend {
         let k2 = self.kernels(&spec2)?;
         // A kernel launched as a programmatic dependent must wait on its predecessor: only
         // modules compiled with PDL do (a PDL module launched plainly waits on nothing).
-        let pdl = spec.pdl && spec2.pdl;
+        let pdl = spec.pdl.on() && spec2.pdl.on();
         let p = launch::params(l, plan, ws);
         let maps = if spec.wgmma_tma {
             let [w13, w2] = launch::tma_weights(l, &spec);
@@ -810,7 +812,7 @@ fn default_spec() -> spec::KernelSpec {
         split_k: [8, 8],
         stream_bm: 16,
         stream_prefetch: spec::StreamPrefetch::Off,
-        pdl: false,
+        pdl: spec::Pdl::Off,
         wgmma_n: 128,
         wgmma_bm: 128,
         wgmma_blocks: 1,

@@ -151,6 +151,46 @@ impl StreamPrefetch {
     }
 }
 
+/// Programmatic dependent launch (sm_90, `PDL`, kernels/moe_common.cuh `pdl_enter`): every
+/// kernel of a launch may start while the previous one of the stream finishes and waits for its
+/// results (`griddepcontrol.wait`), then lets the next one start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pdl {
+    /// Plain launches.
+    Off = 0,
+    /// Every kernel waits before its first access.
+    Wait = 1,
+    /// As `Wait`, but a wgmma stage whose predecessor is not the route kernel starts the weight
+    /// copies of its ring's first stages before it waits. Not the stream family: its blocks'
+    /// weights asked of the L2 before the wait measured 3-34 % slower on the H200
+    /// (bench/NOTES.md, session 17; bench/patches/stream-pdl-early-prefetch.patch).
+    Early = 2,
+}
+
+impl Pdl {
+    /// `MOEPLUG_PDL`'s spelling: "0" (off), "wait", "1" or "early".
+    pub fn parse(v: &str) -> Option<Pdl> {
+        match v.trim() {
+            "0" => Some(Pdl::Off),
+            "wait" => Some(Pdl::Wait),
+            "1" | "early" => Some(Pdl::Early),
+            _ => None,
+        }
+    }
+
+    pub fn on(self) -> bool {
+        self != Pdl::Off
+    }
+
+    /// This mode as `family` has it: the stream family waits where early reads are asked for.
+    pub fn for_family(self, family: Family) -> Pdl {
+        match (self, family) {
+            (Pdl::Early, Family::Stream) => Pdl::Wait,
+            (pdl, _) => pdl,
+        }
+    }
+}
+
 /// Everything the compiled kernel is specialised for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct KernelSpec {
@@ -183,10 +223,8 @@ pub struct KernelSpec {
     /// Stream family: weight prefetch into the L2 ahead of the register loads
     /// (`SW_PF`, `SW_PF_TILE`). Unused by the others.
     pub stream_prefetch: StreamPrefetch,
-    /// Stream family, sm_90: programmatic dependent launch (`PDL`): every kernel of the launch
-    /// may start while the previous one of the stream finishes, waits for its results
-    /// (`griddepcontrol.wait`) before its first access, then lets the next one start.
-    pub pdl: bool,
+    /// Stream and wgmma families, sm_90: programmatic dependent launch ([`Pdl`]).
+    pub pdl: Pdl,
     /// Wgmma family: weight rows per warpgroup MMA (`WG_N`, 128 or 256; with `wgmma_rs` the
     /// MMA's N, the tile's sorted rows, 64 or 128) and sorted rows per tile (`BM`, 64 or 128).
     /// Unused by the others.
@@ -236,7 +274,7 @@ impl KernelSpec {
             split_k: [8, 8],
             stream_bm: 16,
             stream_prefetch: StreamPrefetch::Off,
-            pdl: false,
+            pdl: Pdl::Off,
             wgmma_n: 128,
             wgmma_bm: 128,
             wgmma_blocks: 1,
@@ -444,7 +482,9 @@ impl KernelSpec {
             };
             d.push(format!("SW_PF={steps}"));
             d.push(format!("SW_PF_TILE={}", b(tile)));
-            d.push(format!("PDL={}", b(self.pdl)));
+        }
+        if matches!(self.family, Family::Stream | Family::Wgmma) {
+            d.push(format!("PDL={}", self.pdl as u32));
         }
         if self.family == Family::Wgmma {
             d.push(format!("WG_N={}", self.wgmma_n));
