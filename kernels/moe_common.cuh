@@ -510,10 +510,15 @@ __device__ __forceinline__ bool quant_row(const Params& p, i64 row, const u16*& 
   return true;
 }
 
+// A stored intermediate value (stage 1's output, stage 2's input) as f32.
+__device__ __forceinline__ float inter_to_f32(u16 h) {
+  return INTER_F16 ? mp_f16_to_f32(h) : mp_bf16_to_f32(h);
+}
+
 template <int STAGE>
 __device__ __forceinline__ float quant_src(const u16* src, int k) {
-  bool f16 = STAGE == 1 ? IN_F16 : INTER_F16;
-  return f16 ? mp_f16_to_f32(src[k]) : mp_bf16_to_f32(src[k]);
+  if (STAGE == 2) return inter_to_f32(src[k]);
+  return IN_F16 ? mp_f16_to_f32(src[k]) : mp_bf16_to_f32(src[k]);
 }
 
 // Max of v over the THREADS threads of the block (all threads get it); `red` holds THREADS.

@@ -268,11 +268,98 @@ __device__ __forceinline__ int wg_row(const Params& p, int n0, int r, bool& ok) 
   return GATED ? (rr < half ? gate_row(col, p.Ip) : up_row(col, p.Ip)) : col;
 }
 
+// FUSED_QUANT2 (spec::KernelSpec::fused_quant2): stage 1 writes stage 2's fp8 1x128 input
+// (codes and scales) itself, instead of the intermediate that moe_quant2 would read back. On
+// 64-row tiles with WG_N = 128 a block's 128 output columns (they start on multiples of 128)
+// are one group of each of its 64 rows: warpgroup wg holds columns 64 wg .. 64 wg + 63 of
+// every row, each row's 64 in the 4 threads of a quad. A group's amax is a max over the quad,
+// then over the two warpgroups through shared memory.
+#ifndef FUSED_QUANT2
+#define FUSED_QUANT2 0
+#endif
+#if FUSED_QUANT2 && (ACT_Q != AD_FP8_BLOCK128 || !WG_KSCALE || BM != 64 || WG_N != 128 || WG_RS)
+#error "FUSED_QUANT2: fp8 1x128 activations on 64-row tiles, WG_N 128 (heuristics.rs)"
+#endif
+
+// Named barrier 1: the 256 threads of the two MMA warpgroups (the warp-specialised kernel's
+// producer never meets it).
+__device__ __forceinline__ void wg_consumers_sync() {
+#ifdef MP_HOST
+  emu_consumers_barrier->arrive_and_wait();
+#else
+  asm volatile("bar.sync 1, 256;" ::: "memory");
+#endif
+}
+
+// Stage 1's epilogue with FUSED_QUANT2: the same bits as store_gated2 then quant_rows<2> (the
+// intermediate value in its 16-bit type, the group's amax of those, each divided by the
+// scale). Every thread of both warpgroups takes part, padding rows with zeros.
+__device__ __forceinline__ void wg_epilogue_quant2(const Params& p, int e, int n0, int b_row0,
+                                                   int tig, const int rows[2], const float* acc) {
+  __shared__ float s_amax[2][64];  // [warpgroup][row]: the amax of its 64 columns
+  const u8* S = (const u8*)p.w13_scale;
+  int wg = b_row0 / WG_N, col_base = n0 + 64 * wg;
+  int row = 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2);  // + 8 h
+  u32 v[2][WG_N / 16];  // the thread's two columns of each 8, in the intermediate's type
+  float amax[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    int q = rows[h];
+    float w = q >= 0 ? ((const float*)p.topk_weights)[q] : 0.0f;
+    amax[h] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < WG_N / 16; ++j) {
+      int col0 = col_base + 8 * j + 2 * tig;
+      v[h][j] = 0u;
+      if (q < 0 || col0 >= p.I) continue;  // I is even: col0 + 1 < I too
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        int col = col0 + c;
+        float g = acc[4 * j + 2 * h + c] * epi_w_scale(S, e, gate_row(col, p.Ip), 2 * p.Ip, p.Hp);
+        float u = acc[4 * (j + WG_N / 16) + 2 * h + c] *
+                  epi_w_scale(S, e, up_row(col, p.Ip), 2 * p.Ip, p.Hp);
+        u16 o = gated_value(p, e, col, g, u, w);
+        v[h][j] |= (u32)o << (16 * c);
+        amax[h] = fmaxf(amax[h], fabsf(inter_to_f32(o)));
+      }
+    }
+    amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+    amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+    if (tig == 0) s_amax[wg][row + 8 * h] = amax[h];
+  }
+  wg_consumers_sync();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) amax[h] = fmaxf(amax[h], s_amax[wg ^ 1][row + 8 * h]);
+  wg_consumers_sync();  // both read before the next work item's epilogue writes
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    int q = rows[h];
+    if (q < 0) continue;
+    float scale = group_scale(amax[h]);
+    u8* codes = (u8*)p.aq + (i64)q * p.I;
+#pragma unroll
+    for (int j = 0; j < WG_N / 16; ++j) {
+      int col0 = col_base + 8 * j + 2 * tig;
+      if (col0 >= p.I) continue;
+      u32 c0 = act_encode(inter_to_f32((u16)(v[h][j] & 0xffffu)) / scale);
+      u32 c1 = act_encode(inter_to_f32((u16)(v[h][j] >> 16)) / scale);
+      *(u16*)(codes + col0) = (u16)(c0 | c1 << 8);
+    }
+    if (wg == 0 && tig == 0) ((float*)p.as)[(i64)q * p.ng2 + n0 / 128] = scale;
+  }
+}
+
 // Epilogue of a thread's accumulators: scales that do not vary along K, then the shared stage
 // epilogues. rows[h]: the pair of accumulator row gid + 8 h of the thread's warp (-1: padding).
 template <bool GATED>
 __device__ __forceinline__ void wg_epilogue(const Params& p, int e, int n0, int b_row0, int tig,
                                             const int rows[2], const float* acc) {
+#if FUSED_QUANT2
+  if (GATED) {
+    wg_epilogue_quant2(p, e, n0, b_row0, tig, rows, acc);
+    return;
+  }
+#endif
   const u8* S = (const u8*)(GATED ? p.w13_scale : p.w2_scale);
   int Kst = GATED ? p.Hp : p.Ip;
   int Nst = GATED ? 2 * p.Ip : p.Hp;

@@ -165,8 +165,9 @@ select_cuda() {
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
     # wgmma: and its weight rows per MMA, blocks per SM, TMA, warp specialisation, work
-    # order and register-operand weights (absent from the other families).
-    for d in WG_N WG_MIN_BLOCKS WG_TMA WG_WS WG_GROUP WG_RS; do
+    # order, register-operand weights and stage-2 quantization (absent from the other
+    # families).
+    for d in WG_N WG_MIN_BLOCKS WG_TMA WG_WS WG_GROUP WG_RS FUSED_QUANT2; do
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
     [ -z "${seen[$key]+x}" ] || continue

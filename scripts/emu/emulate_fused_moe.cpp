@@ -148,6 +148,10 @@ static void launch(F kernel, const Params& p, int gx, int gy, int threads,
   for (int w = 0; w < groups; ++w) emu_group_barrier[w] = new std::barrier<>(EMU_LANES);
   // Warpgroups (wgmma) and the dynamic shared memory (gpu_emulator.h).
   for (int g = 0; g < groups / 4; ++g) emu_wg_barrier[g] = new std::barrier<>(4 * EMU_LANES);
+#if FAMILY == FAMILY_WGMMA
+  std::barrier<> consumers(256);
+  emu_consumers_barrier = &consumers;
+#endif
   std::vector<unsigned char> dyn(dyn_bytes);
   gridDim = {(unsigned)gx, (unsigned)gy, 1};
   emu_dyn_shared = dyn.data(), emu_dyn_bytes = dyn_bytes;
@@ -308,7 +312,10 @@ int main(int argc, char** argv) {
   launch(stage1, p, gx, gy, gemm_threads, dyn);
   check_prefetch("stage 1");
   if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax2, p, pairs, 1, THREADS);
-  if (ACT_Q) launch(moe_quant2, p, pairs, 1, THREADS);
+#ifndef FUSED_QUANT2
+#define FUSED_QUANT2 0
+#endif
+  if (ACT_Q && !FUSED_QUANT2) launch(moe_quant2, p, pairs, 1, THREADS);  // else stage 1 did
   p.ncb2 = (H + n2 - 1) / n2;
   grid(max_tiles, p.ncb2, gx, gy);
   launch(stage2, p, gx, gy, gemm_threads, dyn);

@@ -101,6 +101,7 @@ static inline float emu_fp8(unsigned c, bool fnuz) {
 struct EmuWarp {
   unsigned a[32][4], b[32][2];  // each lane's A and B registers (mma_sm80_host.cuh)
   int vote[32];                 // each lane's predicate (__ballot_sync)
+  float shfl[32];               // each lane's value (__shfl_xor_sync)
 };
 extern EmuWarp emu_warps[EMU_MAX_GROUPS];
 
@@ -116,6 +117,15 @@ static inline unsigned __ballot_sync(unsigned mask, int pred) {
   return bits;
 }
 static inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+static inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
+  (void)mask;
+  int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  emu_warps[w].shfl[lane] = v;
+  emu_group_barrier[w]->arrive_and_wait();
+  float r = emu_warps[w].shfl[(lane ^ lane_mask) & 31];
+  emu_group_barrier[w]->arrive_and_wait();  // every lane read before the next exchange
+  return r;
+}
 #else
 // ---- MFMA, from the ISA ------------------------------------------------------------------
 typedef float emu_f32x4 __attribute__((ext_vector_type(4)));
@@ -197,6 +207,8 @@ inline unsigned char* emu_dyn_shared;
 inline unsigned emu_dyn_bytes;
 // One barrier per warpgroup (4 warps) of the running block: the threads of a wgmma.
 inline std::barrier<>* emu_wg_barrier[EMU_MAX_WARPGROUPS];
+// Named barrier 1 of the wgmma kernels: their two MMA warpgroups (256 threads).
+inline std::barrier<>* emu_consumers_barrier;
 // This thread's asynchronous operations (cp.async copies, wgmma) not yet completed: a thread
 // that leaves a block with some pending is a kernel bug (the launch stops).
 inline thread_local int emu_async_pending;

@@ -77,6 +77,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 wgmma_group: 0,  // ungrouped (MOEPLUG_WGMMA_GROUP=0); grouped below
                                 // the default where the family has it (heuristics)
                                 fused_combine: family.fuses_combine(),
+                                fused_quant2: false, // the opt-in below
                             };
                             n += 1;
                             if !keep(&spec) && spec.fused_combine {
@@ -183,6 +184,24 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     .filter(&keep);
                                 short_tiles_made += short_tiles.is_some() as usize;
                                 out.extend(short_tiles);
+                                // Stage 2's quantization in stage 1's epilogue (an opt-in,
+                                // MOEPLUG_FUSED_QUANT2=1) where it applies (fp8 1x128 on
+                                // 64-row tiles): on the default warp-specialised kernel and on
+                                // the cp.async one.
+                                for ws in [true, false] {
+                                    let quant2 = (family == Family::Wgmma)
+                                        .then(|| KernelSpec {
+                                            fused_quant2: true,
+                                            wgmma_tma: ws,
+                                            wgmma_ws: ws,
+                                            wgmma_bm: 64,
+                                            wgmma_n: 128,
+                                            wgmma_blocks: 1,
+                                            ..spec.clone()
+                                        })
+                                        .filter(&keep);
+                                    out.extend(quant2);
+                                }
                                 // MXFP4 weights as the register operand (an opt-in,
                                 // MOEPLUG_WGMMA_RS=1) on 128- and 64-row tiles, in the default's
                                 // grouped order (groups of 3, as above): those variants of

@@ -150,6 +150,12 @@ static PDL_PREFERENCE: Lazy<Pdl> = Lazy::new(|| {
         .unwrap_or(Pdl::Early)
 });
 
+/// `MOEPLUG_FUSED_QUANT2=1`: the wgmma family's stage 1 quantizes stage 2's fp8 1x128 input in
+/// its epilogue, without `moe_quant2` (an opt-in until the H200 has timed it: bench/NOTES.md,
+/// session 17).
+static FUSED_QUANT2_PREFERENCE: Lazy<bool> =
+    Lazy::new(|| std::env::var("MOEPLUG_FUSED_QUANT2").is_ok_and(|v| v.trim() == "1"));
+
 /// `MOEPLUG_FUSED_COMBINE=0|1`: a diagnostic switch of the fused top-k combine (A/B on a
 /// device); 1, like unset, fuses it where the family covers it, 0 launches `moe_reduce`.
 static FUSED_COMBINE_PREFERENCE: Lazy<Option<bool>> = Lazy::new(|| {
@@ -341,6 +347,13 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
     if spec.fp8_fnuz {
         return Some("the fp8 wgmma takes OCP e4m3fn");
     }
+    if spec.fused_quant2
+        && (spec.act_dtype != A::Fp8Block128
+            || (spec.wgmma_bm, spec.wgmma_n) != (64, 128)
+            || spec.wgmma_rs)
+    {
+        return Some("stage 1 quantizes stage 2's fp8 1x128 input on 64-row tiles, N 128, only");
+    }
     let act16 = |a: ActDtype, f16: bool| spec.act_dtype == a && spec.in_f16 == f16;
     let format_ok = match spec.weight_format {
         W::Bf16 => act16(A::Bf16, false),
@@ -453,6 +466,9 @@ pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
     if spec.fused_combine && !spec.family.fuses_combine() {
         return false;
     }
+    if spec.fused_quant2 && spec.family != Family::Wgmma {
+        return false; // the wgmma epilogue's (kernels/moe_gemm_wgmma.cuh)
+    }
     if spec.pdl.on() && !matches!(spec.family, Family::Stream | Family::Wgmma) {
         return false; // the other families' stages do not wait (kernels/fused_moe.cu)
     }
@@ -510,6 +526,13 @@ pub fn spec_for(
     if family == Family::Wgmma {
         let experts = launch.config.layout.num_experts;
         spec = wgmma_shape_for(spec, *WGMMA_BM_PREFERENCE, shape.m, shape.topk, experts);
+        let quant2 = KernelSpec {
+            fused_quant2: true,
+            ..spec.clone()
+        };
+        if *FUSED_QUANT2_PREFERENCE && wgmma_spec_unsupported(90, &quant2).is_none() {
+            spec = quant2;
+        }
     }
     Ok(spec)
 }
@@ -1051,6 +1074,44 @@ mod tests {
             // where the wgmma family does not run, stream keeps decode
             assert_eq!(choose("sm_89", &l, &shape), Family::Stream);
         }
+    }
+
+    #[test]
+    fn stage_one_quantizes_stage_two_for_fp8_blocks_on_64_row_tiles_of_128_columns_only() {
+        let fused = KernelSpec {
+            family: Family::Wgmma,
+            weight_format: WeightFormat::Fp8Block128,
+            act_dtype: ActDtype::Fp8Block128,
+            stage2_act_dtype: ActDtype::Fp8Block128,
+            wgmma_bm: 64,
+            wgmma_n: 128,
+            wgmma_tma: true,
+            wgmma_ws: true,
+            fused_quant2: true,
+            ..crate::backend::gpu::default_spec()
+        };
+        assert_eq!(wgmma_spec_unsupported(90, &fused), None);
+        assert!(fused.defines().contains(&"FUSED_QUANT2=1".to_string()));
+        let why = "stage 1 quantizes stage 2's fp8 1x128 input on 64-row tiles, N 128, only";
+        let per_token = KernelSpec {
+            weight_format: WeightFormat::Fp8PerChannel,
+            act_dtype: ActDtype::Fp8PerToken,
+            stage2_act_dtype: ActDtype::Fp8PerToken,
+            ..fused.clone()
+        };
+        let tall = KernelSpec {
+            wgmma_bm: 128,
+            ..fused.clone()
+        };
+        for refused in [per_token, tall] {
+            assert_eq!(wgmma_spec_unsupported(90, &refused), Some(why));
+        }
+        // only the wgmma epilogue has it
+        let stream = KernelSpec {
+            family: Family::Stream,
+            ..fused.clone()
+        };
+        assert!(!selectable(90, &stream));
     }
 
     #[test]

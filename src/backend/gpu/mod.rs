@@ -683,7 +683,7 @@ impl GpuBackend {
         if act2 == ActDtype::Fp8PerTensor && !static2 {
             gemm(k2.amax2, rows(pairs), "moe_amax2")?;
         }
-        if act2.is_quantized() {
+        if act2.is_quantized() && !spec.fused_quant2 {
             gemm(k2.quant2, rows(pairs), "moe_quant2")?;
         }
         stage(
@@ -821,6 +821,7 @@ fn default_spec() -> spec::KernelSpec {
         wgmma_rs: false,
         wgmma_group: 0,
         fused_combine: false,
+        fused_quant2: false,
     }
 }
 

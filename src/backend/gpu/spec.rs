@@ -249,6 +249,9 @@ pub struct KernelSpec {
     /// The top-k combine runs at the end of stage 2 instead of as `moe_reduce`
     /// (`FUSED_COMBINE`; [`Family::fuses_combine`] families on CUDA only).
     pub fused_combine: bool,
+    /// Wgmma family, fp8 1x128 activations: stage 1's epilogue writes stage 2's quantized
+    /// input itself and `moe_quant2` is not launched (`FUSED_QUANT2`).
+    pub fused_quant2: bool,
 }
 
 impl KernelSpec {
@@ -283,6 +286,7 @@ impl KernelSpec {
             wgmma_rs: false,
             wgmma_group: 0,
             fused_combine: false,
+            fused_quant2: false,
         }
     }
 
@@ -495,6 +499,7 @@ impl KernelSpec {
             d.push(format!("WG_WS={}", b(self.wgmma_ws)));
             d.push(format!("WG_RS={}", b(self.wgmma_rs)));
             d.push(format!("WG_GROUP={}", self.wgmma_group));
+            d.push(format!("FUSED_QUANT2={}", b(self.fused_quant2)));
         }
         d
     }
