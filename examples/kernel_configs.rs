@@ -132,8 +132,12 @@ fn print_emulated(archs: &[String]) {
                 vec![spec]
             };
             for spec in shapes.into_iter().chain(tma) {
+                // The twin quantizes with moe_quant1 / moe_quant2, so a family's folded
+                // quantizations are checked against the kernels they replace.
                 let twin = KernelSpec {
                     family: Family::Fp32,
+                    route_quant1: false,
+                    fused_quant2: false,
                     ..spec.clone()
                 };
                 println!(

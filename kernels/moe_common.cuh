@@ -87,6 +87,9 @@ struct Params {
 #endif
 #define PDL_WAIT 1   // every kernel waits first
 #define PDL_EARLY 2  // the wgmma stages that can start their weight copies before waiting
+#ifndef QUANT1_IN_ROUTE
+#define QUANT1_IN_ROUTE 0
+#endif
 // With PDL the host launches each kernel as a programmatic dependent of the previous one in
 // the stream: its blocks may be resident while that one finishes, and wait here until it has
 // completed and its writes are visible; only then do they let the next kernel start, so a
@@ -107,7 +110,7 @@ __device__ __forceinline__ void pdl_enter() {
 // kernels); stage 1 follows the route kernel directly unless the activations are quantized
 // (or imported) first.
 __device__ __forceinline__ constexpr bool pdl_early(bool stage1) {
-  return PDL == PDL_EARLY && (!stage1 || ACT_Q != 0);
+  return PDL == PDL_EARLY && (!stage1 || (ACT_Q != 0 && !QUANT1_IN_ROUTE));
 }
 
 // ---- weights ----------------------------------------------------------------------------
@@ -426,8 +429,7 @@ __device__ __forceinline__ int local_tokens(const Params& p) {
 // empty experts get none), tile -> expert map, and the (token, slot) pair of each tile row
 // (-1 = padding). Order inside an expert is whatever the atomics give: every row is computed
 // independently, so results do not depend on it.
-MP_KERNEL void __launch_bounds__(SCAN_THREADS) moe_route(Params p) {
-  pdl_enter();
+__device__ void route_block(const Params& p) {
   extern __shared__ int sm[];
   int* s_start = sm;              // E + 1: tile start per expert
   int* s_cursor = sm + p.E + 1;   // E: next free row per expert
@@ -521,13 +523,14 @@ __device__ __forceinline__ float quant_src(const u16* src, int k) {
   return IN_F16 ? mp_f16_to_f32(src[k]) : mp_bf16_to_f32(src[k]);
 }
 
-// Max of v over the THREADS threads of the block (all threads get it); `red` holds THREADS.
+// Max of v over the NT threads of the block (all threads get it); `red` holds NT.
+template <int NT = THREADS>
 __device__ __forceinline__ float block_max(float v, float* red) {
   int tid = threadIdx.x;
   __syncthreads();  // red may still be read from a previous call
   red[tid] = v;
   __syncthreads();
-  for (int off = THREADS / 2; off > 0; off >>= 1) {
+  for (int off = NT / 2; off > 0; off >>= 1) {
     if (tid < off) red[tid] = fmaxf(red[tid], red[tid + off]);
     __syncthreads();
   }
@@ -578,16 +581,14 @@ __device__ __forceinline__ float group_scale(float amax) {
 #endif
 }
 
-// One block per row: codes[row, K] and scales[row, groups]. Groups of QG elements are
-// reduced within chunks of THREADS elements (THREADS % QG == 0, so no group straddles chunks).
-template <int STAGE>
-__device__ void quant_rows(const Params& p) {
-  pdl_enter();
+// One block of NT threads per row: codes[row, K] and scales[row, groups]. Groups of QG
+// elements are reduced within chunks of NT elements (NT % QG == 0, so no group straddles
+// chunks; the bits do not depend on NT). `red` holds NT floats of shared memory.
+template <int STAGE, int NT>
+__device__ void quant_row_block(const Params& p, i64 row, float* red) {
 #if ACT_Q
-  __shared__ float red[THREADS];
   const u16* src;
   int K;
-  i64 row = blockIdx.x;
   if (!quant_row<STAGE>(p, row, src, K)) return;  // uniform over the block
   u8* codes = (u8*)(STAGE == 1 ? p.xq : p.aq) + row * K;
   float* scales = (float*)(STAGE == 1 ? p.xs : p.as) + row * (STAGE == 1 ? p.ng1 : p.ng2);
@@ -599,13 +600,13 @@ __device__ void quant_rows(const Params& p) {
   scale = fixed ? *fixed : group_scale(__uint_as_float(((const u32*)p.amax)[STAGE - 1]));
 #else
   float m = 0.0f;
-  for (int k = tid; k < K; k += THREADS) m = fmaxf(m, fabsf(quant_src<STAGE>(src, k)));
-  scale = group_scale(block_max(m, red));
+  for (int k = tid; k < K; k += NT) m = fmaxf(m, fabsf(quant_src<STAGE>(src, k)));
+  scale = group_scale(block_max<NT>(m, red));
 #endif
-  for (int k = tid; k < K; k += THREADS) codes[k] = act_encode(quant_src<STAGE>(src, k) / scale);
+  for (int k = tid; k < K; k += NT) codes[k] = act_encode(quant_src<STAGE>(src, k) / scale);
   if (tid == 0) scales[0] = scale;
 #else
-  for (int k0 = 0; k0 < K; k0 += THREADS) {
+  for (int k0 = 0; k0 < K; k0 += NT) {
     int k = k0 + tid;
     float x = k < K ? quant_src<STAGE>(src, k) : 0.0f;
     __syncthreads();  // the previous chunk's group maxima have been read
@@ -622,7 +623,16 @@ __device__ void quant_rows(const Params& p) {
     }
   }
 #endif
+#else
+  (void)p, (void)row, (void)red;
 #endif
+}
+
+template <int STAGE>
+__device__ void quant_rows(const Params& p) {
+  pdl_enter();
+  __shared__ float red[THREADS];
+  quant_row_block<STAGE, THREADS>(p, blockIdx.x, red);
 }
 
 // Pre-quantized hidden_states (docs/layouts.md "Pre-quantized activations"): the caller's
@@ -652,6 +662,25 @@ MP_KERNEL void __launch_bounds__(THREADS) moe_import1(Params p) {
 #endif
   }
 #endif
+}
+
+// QUANT1_IN_ROUTE (spec::KernelSpec::route_quant1): blocks 1 .. M of the route kernel quantize
+// the hidden_states rows, moe_quant1's work with the same bits, while block 0 routes: one
+// launch fewer, and the quantization no longer waits for the routing. The host launches M + 1
+// blocks where it takes this path (not for pre-quantized input), else one.
+#if QUANT1_IN_ROUTE && (!ACT_Q || ACT_Q == AD_FP8_PER_TENSOR)
+#error "QUANT1_IN_ROUTE: activations quantized per row or group (per tensor needs moe_amax1)"
+#endif
+MP_KERNEL void __launch_bounds__(SCAN_THREADS) moe_route(Params p) {
+  pdl_enter();
+#if QUANT1_IN_ROUTE
+  if (blockIdx.x > 0) {
+    extern __shared__ int sm[];  // SCAN_THREADS floats of it (launch::Plan::route_shared_bytes)
+    quant_row_block<1, SCAN_THREADS>(p, blockIdx.x - 1, (float*)sm);
+    return;
+  }
+#endif
+  route_block(p);
 }
 
 // amax_rows and quant_rows start with pdl_enter: each is its kernel's whole body.

@@ -161,7 +161,7 @@ select_cuda() {
       continue
     fi
     key=$family
-    for d in BM WFMT ACT_Q ACT_F16 SW_KW1 SW_KW2 SW_PF SW_PF_TILE; do
+    for d in BM WFMT ACT_Q ACT_F16 SW_KW1 SW_KW2 SW_PF SW_PF_TILE QUANT1_IN_ROUTE; do
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
     # wgmma: and its weight rows per MMA, blocks per SM, TMA, warp specialisation, work

@@ -269,9 +269,10 @@ int main(int argc, char** argv) {
 #else
   const unsigned dyn = 0;
 #endif
-  launch(moe_route, p, 1, 1, SCAN_THREADS);
+  // QUANT1_IN_ROUTE: blocks 1 .. M of the route kernel quantize the rows moe_quant1 would.
+  launch(moe_route, p, 1 + (QUANT1_IN_ROUTE ? M : 0), 1, SCAN_THREADS);
   if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax1, p, M, 1, THREADS);
-  if (ACT_Q) launch(moe_quant1, p, M, 1, THREADS);
+  if (ACT_Q && !QUANT1_IN_ROUTE) launch(moe_quant1, p, M, 1, THREADS);
 #if FAMILY == FAMILY_WGMMA && WG_TMA
   // The weights' tensor maps from the host's geometry (tma.rs, printed by kernel_configs for
   // this problem: EMU_TMA1 / EMU_TMA2 = globalDim[5], globalStrides[4], boxDim[5]).

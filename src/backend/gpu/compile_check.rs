@@ -4,7 +4,7 @@
 //! (activation, biases, router weight on input, mask, fp16 in/out, fnuz) rotated so that
 //! every value of each option is compiled in every family.
 
-use super::heuristics::{selectable, STREAM_TILE_ROWS};
+use super::heuristics::{route_quant1_unsupported, selectable, STREAM_TILE_ROWS};
 use super::spec::{Family, KernelSpec, Pdl, StreamPrefetch};
 use crate::types::{ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout};
 
@@ -78,6 +78,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 // the default where the family has it (heuristics)
                                 fused_combine: family.fuses_combine(),
                                 fused_quant2: false, // the opt-in below
+                                route_quant1: false, // the opt-in below
                             };
                             n += 1;
                             if !keep(&spec) && spec.fused_combine {
@@ -184,6 +185,17 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     .filter(&keep);
                                 short_tiles_made += short_tiles.is_some() as usize;
                                 out.extend(short_tiles);
+                                // The route kernel quantizing stage 1's activations (an
+                                // opt-in, MOEPLUG_ROUTE_QUANT1=1): that variant of every other
+                                // configuration it takes.
+                                let route_quant1 = (chosen % 2 == 1
+                                    && route_quant1_unsupported(&spec).is_none())
+                                .then(|| KernelSpec {
+                                    route_quant1: true,
+                                    ..spec.clone()
+                                })
+                                .filter(&keep);
+                                out.extend(route_quant1);
                                 // Stage 2's quantization in stage 1's epilogue (an opt-in,
                                 // MOEPLUG_FUSED_QUANT2=1) where it applies (fp8 1x128 on
                                 // 64-row tiles): on the default warp-specialised kernel and on

@@ -156,6 +156,25 @@ static PDL_PREFERENCE: Lazy<Pdl> = Lazy::new(|| {
 static FUSED_QUANT2_PREFERENCE: Lazy<bool> =
     Lazy::new(|| std::env::var("MOEPLUG_FUSED_QUANT2").is_ok_and(|v| v.trim() == "1"));
 
+/// `MOEPLUG_ROUTE_QUANT1=1`: the route kernel's extra blocks quantize stage 1's activations,
+/// without `moe_quant1` ([`route_quant1_unsupported`]; an opt-in until the H200 has timed it:
+/// bench/NOTES.md, session 17).
+static ROUTE_QUANT1_PREFERENCE: Lazy<bool> =
+    Lazy::new(|| std::env::var("MOEPLUG_ROUTE_QUANT1").is_ok_and(|v| v.trim() == "1"));
+
+/// Why the route kernel cannot quantize stage 1's activations for this configuration
+/// (`QUANT1_IN_ROUTE`), or None: the families of decode and prefill (stream, wgmma), with
+/// activations quantized per row or group (per tensor waits for `moe_amax1`'s global amax).
+pub fn route_quant1_unsupported(spec: &KernelSpec) -> Option<&'static str> {
+    if !matches!(spec.family, Family::Stream | Family::Wgmma) {
+        Some("the stream and wgmma families only")
+    } else if !spec.act_dtype.is_quantized() || spec.act_dtype == ActDtype::Fp8PerTensor {
+        Some("activations quantized per row or group only")
+    } else {
+        None
+    }
+}
+
 /// `MOEPLUG_FUSED_COMBINE=0|1`: a diagnostic switch of the fused top-k combine (A/B on a
 /// device); 1, like unset, fuses it where the family covers it, 0 launches `moe_reduce`.
 static FUSED_COMBINE_PREFERENCE: Lazy<Option<bool>> = Lazy::new(|| {
@@ -466,6 +485,9 @@ pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
     if spec.fused_combine && !spec.family.fuses_combine() {
         return false;
     }
+    if spec.route_quant1 && route_quant1_unsupported(spec).is_some() {
+        return false;
+    }
     if spec.fused_quant2 && spec.family != Family::Wgmma {
         return false; // the wgmma epilogue's (kernels/moe_gemm_wgmma.cuh)
     }
@@ -523,6 +545,7 @@ pub fn spec_for(
     {
         spec.pdl = PDL_PREFERENCE.for_family(family);
     }
+    spec.route_quant1 = *ROUTE_QUANT1_PREFERENCE && route_quant1_unsupported(&spec).is_none();
     if family == Family::Wgmma {
         let experts = launch.config.layout.num_experts;
         spec = wgmma_shape_for(spec, *WGMMA_BM_PREFERENCE, shape.m, shape.topk, experts);
@@ -1112,6 +1135,43 @@ mod tests {
             ..fused.clone()
         };
         assert!(!selectable(90, &stream));
+    }
+
+    #[test]
+    fn the_route_kernel_quantizes_per_row_or_group_activations_of_stream_and_wgmma() {
+        let spec = |family, act| KernelSpec {
+            family,
+            weight_format: WeightFormat::Fp8PerChannel,
+            act_dtype: act,
+            stage2_act_dtype: act,
+            route_quant1: true,
+            ..crate::backend::gpu::default_spec()
+        };
+        for family in [Family::Stream, Family::Wgmma] {
+            for act in [ActDtype::Fp8PerToken, ActDtype::Fp8Block128] {
+                assert_eq!(route_quant1_unsupported(&spec(family, act)), None);
+            }
+            for act in [ActDtype::Fp8PerTensor, ActDtype::Bf16] {
+                assert_eq!(
+                    route_quant1_unsupported(&spec(family, act)),
+                    Some("activations quantized per row or group only")
+                );
+            }
+        }
+        let tile32 = spec(Family::Tile32, ActDtype::Fp8PerToken);
+        assert_eq!(
+            route_quant1_unsupported(&tile32),
+            Some("the stream and wgmma families only")
+        );
+        assert!(!selectable(90, &tile32));
+        let stream = spec(Family::Stream, ActDtype::Fp8PerToken);
+        assert!(stream.defines().contains(&"QUANT1_IN_ROUTE=1".to_string()));
+        // the stage-2 module never routes
+        let separate = KernelSpec {
+            stage2_act_dtype: ActDtype::Fp8PerTensor,
+            ..stream
+        };
+        assert!(!separate.stage2().route_quant1);
     }
 
     #[test]

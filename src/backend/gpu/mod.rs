@@ -653,9 +653,12 @@ impl GpuBackend {
                 what,
             )
         };
+        // Blocks 1 .. M of the route kernel quantize the hidden_states rows (QUANT1_IN_ROUTE).
+        let route_quant1 = spec.route_quant1 && !l.config.prequantized_input;
+        let route_blocks = 1 + if route_quant1 { plan.m as u32 } else { 0 };
         self.launch(
             k.route,
-            (1, 1),
+            (route_blocks, 1),
             launch::ROUTE_THREADS,
             plan.route_shared_bytes as u32,
             stream,
@@ -671,7 +674,7 @@ impl GpuBackend {
         }
         if l.config.prequantized_input {
             gemm(k.import1, rows(plan.m), "moe_import1")?;
-        } else if act.is_quantized() {
+        } else if act.is_quantized() && !route_quant1 {
             gemm(k.quant1, rows(plan.m), "moe_quant1")?;
         }
         stage(
@@ -822,6 +825,7 @@ fn default_spec() -> spec::KernelSpec {
         wgmma_group: 0,
         fused_combine: false,
         fused_quant2: false,
+        route_quant1: false,
     }
 }
 

@@ -252,6 +252,9 @@ pub struct KernelSpec {
     /// Wgmma family, fp8 1x128 activations: stage 1's epilogue writes stage 2's quantized
     /// input itself and `moe_quant2` is not launched (`FUSED_QUANT2`).
     pub fused_quant2: bool,
+    /// Activations quantized per row or group: blocks 1 .. M of the route kernel quantize the
+    /// hidden_states rows, and `moe_quant1` is not launched (`QUANT1_IN_ROUTE`).
+    pub route_quant1: bool,
 }
 
 impl KernelSpec {
@@ -287,6 +290,7 @@ impl KernelSpec {
             wgmma_group: 0,
             fused_combine: false,
             fused_quant2: false,
+            route_quant1: false,
         }
     }
 
@@ -322,6 +326,7 @@ impl KernelSpec {
         let a = self.stage2_act_dtype;
         KernelSpec {
             act_dtype: a,
+            route_quant1: false, // its route kernel never runs
             // Its stage-1 kernels never run: a 16-bit act dtype takes the input dtype a
             // launch of that act dtype alone would have, so the module is one of those.
             in_f16: if a.is_quantized() {
@@ -475,6 +480,7 @@ impl KernelSpec {
             format!("HAS_MASK={}", b(self.has_mask)),
             format!("FP8_FNUZ={}", b(self.fp8_fnuz)),
             format!("FUSED_COMBINE={}", b(self.fused_combine)),
+            format!("QUANT1_IN_ROUTE={}", b(self.route_quant1)),
         ];
         if self.family == Family::Stream {
             d.push(format!("SW_KW1={}", self.split_k[0]));

@@ -1,0 +1,67 @@
+"""The activation quantizations folded into neighbouring kernels, both opt-ins read once per
+process (each setting runs in a fresh process, `child`): MOEPLUG_ROUTE_QUANT1=1 (the route
+kernel's extra blocks quantize stage 1's input; stream and wgmma) and MOEPLUG_FUSED_QUANT2=1
+(the wgmma stage-1 epilogue writes stage 2's fp8 1x128 input). Each gives the same output bits
+as moe_quant1 / moe_quant2, one launch fewer each, with the expert mask, padded columns and a
+partial last 128-column group (I = 160), run after run and in CUDA graph replays."""
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import _abi  # noqa: E402
+from test_fused_combine import OPTIONS, case_kwargs  # noqa: E402
+from test_fused_moe import assert_close, assert_replays_give, capture_graph, run_child, run_moe  # noqa: E402
+
+# fp8 1x128 (both folds on wgmma) and fp8 per token (the route's fold only).
+FORMATS = ["fp8_block128", "fp8_per_channel"]
+MS = [1, 7, 64, 300]
+PROFILED = ("fp8_block128", 7, "ep")
+
+
+def child(path):
+    outs = {}
+    for fmt in FORMATS:
+        for M in MS:
+            for option in OPTIONS:
+                kw = case_kwargs(fmt, M, option)
+                out, ref, st = run_moe(fmt, **kw)
+                assert_close(out, ref, kw.get("n_local"), st)
+                again, _, _ = run_moe(fmt, m=st["m"], **kw)
+                assert torch.equal(again, out), f"{fmt} M={M} {option}: not repeatable"
+                outs[f"{fmt}-{M}-{option}"] = out.cpu()
+    fmt, M, option = PROFILED
+    out, _, st = run_moe(fmt, **case_kwargs(fmt, M, option))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        _abi.fused_moe(st["args"])
+        torch.cuda.synchronize()
+    kernels = sorted({e.key for e in prof.key_averages() if e.key.startswith("moe_")})
+    assert_replays_give(capture_graph(st), st, out)
+    torch.save(dict(outs=outs, kernels=kernels), path)
+
+
+def run_quant_child(path, family, folded):
+    on = "1" if folded else "0"
+    return run_child("test_fused_quant", path,
+                     {"MOEPLUG_ROUTE_QUANT1": on, "MOEPLUG_FUSED_QUANT2": on,
+                      "MOEPLUG_GPU_FAMILY": family})
+
+
+@pytest.mark.parametrize("family", ["stream", "wgmma"])
+def test_folded_quantization_gives_the_quant_kernels_bits(tmp_path, family):
+    if family == "wgmma" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma family runs on sm_90 only")
+    folded = run_quant_child(tmp_path / "folded.pt", family, True)
+    plain = run_quant_child(tmp_path / "plain.pt", family, False)
+    assert folded["outs"].keys() == plain["outs"].keys()
+    differ = [k for k in folded["outs"] if not torch.equal(folded["outs"][k], plain["outs"][k])]
+    assert not differ, f"{family}: folded quantization bits differ from the quant kernels': {differ}"
+    if os.environ.get("MOEPLUG_UNDER_SANITIZER") == "1":
+        pytest.skip("bits compared; the launch count is not: torch.profiler sees no kernels "
+                    "under compute-sanitizer (bench/sanitize.sh)")
+    assert {"moe_route", "moe_quant1", "moe_quant2"} <= set(plain["kernels"]), plain["kernels"]
+    assert "moe_route" in folded["kernels"] and "moe_quant1" not in folded["kernels"]
+    # stage 2's fold is the wgmma epilogue's
+    assert ("moe_quant2" in folded["kernels"]) == (family == "stream"), folded["kernels"]
