@@ -21,10 +21,7 @@ second)
   stamp test_pdl | tee -a "$sum"
   KIT_TIMEOUT=120 bash bench/device_check.sh kit | tail -34 | tee -a "$sum"
   stamp kit | tee -a "$sum"
-  ROUNDS=1 AB_TIMEOUT=60 bash bench/ab.sh "MOEPLUG_GPU_FAMILY=stream" "MOEPLUG_GPU_FAMILY=wgmma" -- \
-    --cases qwen3_bf16,dsv3_fp8blk,qwen3_fp8blk,gptoss_bf16 --ms 1,2,4,8,16 2>&1 |
-    tail -22 | tee -a "$sum"
-  stamp edges | tee -a "$sum"
+  ROUNDS=1 edges_ab
   # every kernel of the second launch (dsv3 on wgmma: six, with moe_reduce; qwen3 on stream: five)
   NCU_KERNELS=moe_ NCU_SKIP=6 NCU_COUNT=6 NCU_TIMEOUT=100 NCU_LINES=40 \
     NCU_GREP='  moe_|Duration|dram__bytes_read|DRAM Throughput' \
@@ -35,10 +32,7 @@ second)
   stamp ncu | tee -a "$sum"
   ;;
 edges)
-  ROUNDS=2 AB_TIMEOUT=80 bash bench/ab.sh "MOEPLUG_GPU_FAMILY=stream" "MOEPLUG_GPU_FAMILY=wgmma" -- \
-    --cases qwen3_bf16,dsv3_fp8blk,qwen3_fp8blk,gptoss_bf16 --ms 1,2,4,8,16 2>&1 |
-    tail -22 | tee -a "$sum"
-  stamp edges | tee -a "$sum"
+  edges_ab
   ;;
 ncu)
   NCU_WHAT=breakdown NCU_TIMEOUT=260 NCU_LINES=80 \

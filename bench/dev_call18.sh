@@ -19,10 +19,7 @@ check)
   stamp quant | tee -a "$sum"
   ;;
 edges)
-  ROUNDS=2 AB_TIMEOUT=80 bash bench/ab.sh "MOEPLUG_GPU_FAMILY=stream" "MOEPLUG_GPU_FAMILY=wgmma" -- \
-    --cases qwen3_bf16,dsv3_fp8blk,qwen3_fp8blk,gptoss_bf16 --ms 1,2,4,8,16 2>&1 |
-    tail -22 | tee -a "$sum"
-  stamp edges | tee -a "$sum"
+  edges_ab
   ;;
 ncu)
   NCU_KERNELS=moe_ NCU_SKIP=6 NCU_COUNT=6 NCU_TIMEOUT=150 NCU_LINES=60 \

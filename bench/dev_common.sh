@@ -23,3 +23,10 @@ report() {
   for f in "$OUT"/*.txt; do [ "$f" = "$sum" ] || grep -v "^--- .* at " "$f"; done | tee -a "$sum"
   stamp "$1" | tee -a "$sum"
 }
+# The decode rule's edges: wgmma against stream at M = 1-16 (both forced), ROUNDS rounds.
+edges_ab() {
+  ROUNDS=${ROUNDS:-2} AB_TIMEOUT=80 bash bench/ab.sh "MOEPLUG_GPU_FAMILY=stream" \
+    "MOEPLUG_GPU_FAMILY=wgmma" -- --cases qwen3_bf16,dsv3_fp8blk,qwen3_fp8blk,gptoss_bf16 \
+    --ms 1,2,4,8,16 2>&1 | tail -22 | tee -a "$sum"
+  stamp edges | tee -a "$sum"
+}

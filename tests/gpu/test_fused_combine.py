@@ -54,6 +54,31 @@ def case_kwargs(fmt, M, option):
     return kw
 
 
+def checked_outputs(formats, ms):
+    """Each (format, M, option) case's output, checked against the CPU backend and float64 and
+    repeated for the same bits, keyed "format-M-option" (the children of the tests that compare
+    one setting's bits with another's)."""
+    outs = {}
+    for fmt in formats:
+        for M in ms:
+            for option in OPTIONS:
+                kw = case_kwargs(fmt, M, option)
+                out, ref, st = run_moe(fmt, **kw)
+                assert_close(out, ref, kw.get("n_local"), st)
+                again, _, _ = run_moe(fmt, m=st["m"], **kw)
+                assert torch.equal(again, out), f"{fmt} M={M} {option}: not repeatable"
+                outs[f"{fmt}-{M}-{option}"] = out.cpu()
+    return outs
+
+
+def launch_kernels(st):
+    """The names of the moe_* kernels one launch of `st` runs."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        _abi.fused_moe(st["args"])
+        torch.cuda.synchronize()
+    return sorted({e.key for e in prof.key_averages() if e.key.startswith("moe_")})
+
+
 def child(path):
     """One process: every case of its formats under this process's MOEPLUG_FUSED_COMBINE /
     MOEPLUG_GPU_FAMILY; outputs (and, with bf16, the kernel names of one launch) saved to
@@ -77,10 +102,7 @@ def child(path):
         torch.save(dict(outs=outs, kernels=None), path)
         return
     out, _, st = run_moe(fmt, **case_kwargs(fmt, M, option))
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        _abi.fused_moe(st["args"])
-        torch.cuda.synchronize()
-    kernels = sorted({e.key for e in prof.key_averages() if e.key.startswith("moe_")})
+    kernels = launch_kernels(st)
     # Graph replays: the route kernel zeroes the arrival counters in every replay.
     assert_replays_give(capture_graph(st), st, out)
     torch.save(dict(outs=outs, kernels=kernels), path)

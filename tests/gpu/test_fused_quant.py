@@ -11,9 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import _abi  # noqa: E402
-from test_fused_combine import OPTIONS, case_kwargs  # noqa: E402
-from test_fused_moe import assert_close, assert_replays_give, capture_graph, run_child, run_moe  # noqa: E402
+from test_fused_combine import case_kwargs, checked_outputs, launch_kernels  # noqa: E402
+from test_fused_moe import assert_replays_give, capture_graph, run_child, run_moe  # noqa: E402
 
 # fp8 1x128 (both folds on wgmma) and fp8 per token (the route's fold only).
 FORMATS = ["fp8_block128", "fp8_per_channel"]
@@ -22,22 +21,10 @@ PROFILED = ("fp8_block128", 7, "ep")
 
 
 def child(path):
-    outs = {}
-    for fmt in FORMATS:
-        for M in MS:
-            for option in OPTIONS:
-                kw = case_kwargs(fmt, M, option)
-                out, ref, st = run_moe(fmt, **kw)
-                assert_close(out, ref, kw.get("n_local"), st)
-                again, _, _ = run_moe(fmt, m=st["m"], **kw)
-                assert torch.equal(again, out), f"{fmt} M={M} {option}: not repeatable"
-                outs[f"{fmt}-{M}-{option}"] = out.cpu()
+    outs = checked_outputs(FORMATS, MS)
     fmt, M, option = PROFILED
     out, _, st = run_moe(fmt, **case_kwargs(fmt, M, option))
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        _abi.fused_moe(st["args"])
-        torch.cuda.synchronize()
-    kernels = sorted({e.key for e in prof.key_averages() if e.key.startswith("moe_")})
+    kernels = launch_kernels(st)
     assert_replays_give(capture_graph(st), st, out)
     torch.save(dict(outs=outs, kernels=kernels), path)
 

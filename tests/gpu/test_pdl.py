@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_fused_combine import OPTIONS, case_kwargs  # noqa: E402
-from test_fused_moe import assert_close, assert_replays_give, capture_graph, run_child, run_moe  # noqa: E402
+from test_fused_combine import case_kwargs, checked_outputs  # noqa: E402
+from test_fused_moe import assert_replays_give, capture_graph, run_child, run_moe  # noqa: E402
 
 # bf16: route + stages; fp8 per tensor: the amax kernels; fp8 block-128: the 1x128 quant;
 # mxfp4: the MXFP4 decode.
@@ -20,16 +20,7 @@ MS = [1, 7, 64]
 
 
 def child(path):
-    outs = {}
-    for fmt in FORMATS:
-        for M in MS:
-            for option in OPTIONS:
-                kw = case_kwargs(fmt, M, option)
-                out, ref, st = run_moe(fmt, **kw)
-                assert_close(out, ref, kw.get("n_local"), st)
-                again, _, _ = run_moe(fmt, m=st["m"], **kw)
-                assert torch.equal(again, out), f"{fmt} M={M} {option}: not repeatable"
-                outs[f"{fmt}-{M}-{option}"] = out.cpu()
+    outs = checked_outputs(FORMATS, MS)
     # Graph replays of one launch: the dependencies captured as programmatic edges.
     for fmt in ("bf16", "fp8_block128"):
         out, _, st = run_moe(fmt, **case_kwargs(fmt, 7, "ep"))
