@@ -54,19 +54,20 @@ def case_kwargs(fmt, M, option):
     return kw
 
 
-def checked_outputs(formats, ms):
-    """Each (format, M, option) case's output, checked against the CPU backend and float64 and
-    repeated for the same bits, keyed "format-M-option" (the children of the tests that compare
-    one setting's bits with another's)."""
+def checked_outputs(formats, ms, check=True):
+    """Each (format, M, option) case's output, keyed "format-M-option" (the children of the
+    tests that compare one setting's bits with another's); with `check`, also checked against
+    the CPU backend and float64 and repeated for the same bits."""
     outs = {}
     for fmt in formats:
         for M in ms:
             for option in OPTIONS:
                 kw = case_kwargs(fmt, M, option)
                 out, ref, st = run_moe(fmt, **kw)
-                assert_close(out, ref, kw.get("n_local"), st)
-                again, _, _ = run_moe(fmt, m=st["m"], **kw)
-                assert torch.equal(again, out), f"{fmt} M={M} {option}: not repeatable"
+                if check:
+                    assert_close(out, ref, kw.get("n_local"), st)
+                    again, _, _ = run_moe(fmt, m=st["m"], **kw)
+                    assert torch.equal(again, out), f"{fmt} M={M} {option}: not repeatable"
                 outs[f"{fmt}-{M}-{option}"] = out.cpu()
     return outs
 
@@ -85,18 +86,7 @@ def child(path):
     `path`."""
     fused = os.environ.get("MOEPLUG_FUSED_COMBINE") == "1"
     formats = os.environ[FORMATS_VAR].split(",")
-    outs = {}
-    for fmt in formats:
-        for M in MS:
-            for option in OPTIONS:
-                kw = case_kwargs(fmt, M, option)
-                out, ref, st = run_moe(fmt, **kw)
-                if fused:
-                    assert_close(out, ref, kw.get("n_local"), st)
-                    for _ in range(2):  # same inputs, same bits
-                        again, _, _ = run_moe(fmt, m=st["m"], **kw)
-                        assert torch.equal(again, out), f"{fmt} M={M} {option}: not repeatable"
-                outs[f"{fmt}-{M}-{option}"] = out.cpu()
+    outs = checked_outputs(formats, MS, check=fused)
     fmt, M, option = PROFILED
     if fmt not in formats:
         torch.save(dict(outs=outs, kernels=None), path)
