@@ -148,6 +148,71 @@ __device__ __forceinline__ int sw_tile_row0(const Params& p, int g, int t) {
   return g * 32 + 16 * t;
 }
 
+// FUSED_QUANT2 (spec::KernelSpec::fused_quant2, stage 2): the block quantizes its tile's rows
+// of the intermediate itself, moe_quant2's work for those rows with the same bits, into
+// shared memory, and its K loop reads the codes from there: no moe_quant2 launch. Meant for
+// few tokens per tile (decode), where those rows are a small read from the L2 next to the
+// block's weights. I <= SW_Q2_MAX_I (heuristics::stream_quant2_unsupported).
+#ifndef FUSED_QUANT2
+#define FUSED_QUANT2 0
+#endif
+#if FUSED_QUANT2
+#if BM != 16 || (ACT_Q != AD_FP8_BLOCK128 && ACT_Q != AD_FP8_PER_TOKEN)
+#error "FUSED_QUANT2 (stream): 16-row tiles, fp8 per-token or 1x128 activations"
+#endif
+#define SW_Q2_MAX_I 1024
+#define SW_Q2_GROUPS (SW_Q2_MAX_I / 128)
+__shared__ __align__(16) u8 sw_q2_codes[BM * SW_Q2_MAX_I];  // row t at t * sw_q2_stride
+__shared__ float sw_q2_scales[BM * SW_Q2_GROUPS];            // row t at t * SW_Q2_GROUPS
+__device__ __forceinline__ int sw_q2_stride(int I) { return (I + 15) & ~15; }
+
+// Each warp takes (row, group) pairs of the tile in turn (per token: the row is one group):
+// the group's amax by lanes and shuffles, then its codes, as quant_rows<2> writes them.
+__device__ void sw_quantize_tile(const Params& p, const int* s_row) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, I = p.I;
+#if ACT_Q == AD_FP8_BLOCK128
+  constexpr int QW = 128;
+#else
+  constexpr int QW = SW_Q2_MAX_I;  // the whole row
+#endif
+  int groups = (I + QW - 1) / QW;
+  for (int item = warp; item < BM * groups; item += SW_WARPS) {
+    int t = item / groups, g = item % groups, q = s_row[t];
+    if (q < 0) continue;  // warp-uniform
+    const u16* src = (const u16*)p.inter + (i64)q * I;
+    int k0 = g * QW, k1 = min(k0 + QW, I);
+    float m = 0.0f;
+    for (int k = k0 + lane; k < k1; k += 32) m = fmaxf(m, fabsf(quant_src<2>(src, k)));
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float scale = group_scale(m);
+    u8* codes = sw_q2_codes + t * sw_q2_stride(I);
+    for (int k = k0 + lane; k < k1; k += 32) codes[k] = act_encode(quant_src<2>(src, k) / scale);
+    if (lane == 0) sw_q2_scales[t * SW_Q2_GROUPS + g] = scale;
+  }
+  __syncthreads();
+}
+#endif
+
+// Quantized activations of sorted row t (pair q): the codes (K per row) and the scales,
+// moe_quant1's / moe_quant2's rows in global memory, or the block's own (FUSED_QUANT2).
+template <bool S1>
+__device__ __forceinline__ const u8* sw_act_codes(const Params& p, int t, int q, int K) {
+#if FUSED_QUANT2
+  if (!S1) return sw_q2_codes + t * sw_q2_stride(K);
+#endif
+  (void)t;
+  return (const u8*)(S1 ? p.xq : p.aq) + (i64)(S1 ? q / p.topk : q) * K;
+}
+template <bool S1>
+__device__ __forceinline__ const float* sw_act_scales(const Params& p, int t, int q) {
+#if FUSED_QUANT2
+  if (!S1) return sw_q2_scales + t * SW_Q2_GROUPS;
+#endif
+  (void)t;
+  return (const float*)(S1 ? p.xs : p.as) + (i64)(S1 ? q / p.topk : q) * (S1 ? p.ng1 : p.ng2);
+}
+
 // Stage 1 (S1) or stage 2; GATED: stage 1 of a gated activation (gate and up tiles).
 
 template <bool S1>
@@ -217,6 +282,9 @@ __device__ void moe_gemm_stream(const Params& p) {
 #pragma unroll
   for (int j = 2; j < SW_PF; ++j) prefetch(kw + j * KW);
 #endif
+#if FUSED_QUANT2
+  if constexpr (!S1) sw_quantize_tile(p, s_row);
+#endif
   // This lane's activation rows: token gid of each column tile (B operand), and for the
   // epilogue-side fold the tokens 2 tig, 2 tig + 1 of each column tile (C columns).
   const u8* xrow[SW_SUBS];
@@ -225,10 +293,10 @@ __device__ void moe_gemm_stream(const Params& p) {
     int q = s_row[8 * j + gid];
     xrow[j] = nullptr;
     if (q >= 0) {
-      i64 r = S1 ? q / p.topk : q;
 #if ACT_Q
-      xrow[j] = (const u8*)(S1 ? p.xq : p.aq) + r * K;
+      xrow[j] = sw_act_codes<S1>(p, 8 * j + gid, q, K);
 #else
+      i64 r = S1 ? q / p.topk : q;
       xrow[j] = S1 ? (const u8*)p.x + r * p.x_cols * 2 : (const u8*)p.inter + r * p.I * 2;
 #endif
     }
@@ -241,10 +309,7 @@ __device__ void moe_gemm_stream(const Params& p) {
     for (int c = 0; c < 2; ++c) {
       int q = s_row[8 * j + 2 * tig + c];
       ascale[j][c] = nullptr;
-      if (q >= 0) {
-        i64 r = S1 ? q / p.topk : q;
-        ascale[j][c] = (const float*)(S1 ? p.xs : p.as) + r * (S1 ? p.ng1 : p.ng2);
-      }
+      if (q >= 0) ascale[j][c] = sw_act_scales<S1>(p, 8 * j + 2 * tig + c, q);
     }
 #endif
 
@@ -537,8 +602,7 @@ __device__ void moe_gemm_stream(const Params& p) {
     float wt = ((const float*)p.topk_weights)[q];
     float sa = 1.0f;  // activation scale that does not vary along K
 #if ACT_Q && ACT_Q != AD_FP8_BLOCK128
-    sa = ((const float*)(S1 ? p.xs : p.as))[(i64)(S1 ? q / p.topk : q) *
-                                             (S1 ? p.ng1 : p.ng2)];
+    sa = *sw_act_scales<S1>(p, tok, q);
 #endif
     if (GATED) {
       int col = grp * 16 + r;

@@ -161,13 +161,12 @@ select_cuda() {
       continue
     fi
     key=$family
-    for d in BM WFMT ACT_Q ACT_F16 SW_KW1 SW_KW2 SW_PF SW_PF_TILE QUANT1_IN_ROUTE; do
+    for d in BM WFMT ACT_Q ACT_F16 SW_KW1 SW_KW2 SW_PF SW_PF_TILE QUANT1_IN_ROUTE FUSED_QUANT2; do
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
     # wgmma: and its weight rows per MMA, blocks per SM, TMA, warp specialisation, work
-    # order, register-operand weights and stage-2 quantization (absent from the other
-    # families).
-    for d in WG_N WG_MIN_BLOCKS WG_TMA WG_WS WG_GROUP WG_RS FUSED_QUANT2; do
+    # order and register-operand weights (absent from the other families).
+    for d in WG_N WG_MIN_BLOCKS WG_TMA WG_WS WG_GROUP WG_RS; do
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
     [ -z "${seen[$key]+x}" ] || continue

@@ -196,10 +196,17 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 })
                                 .filter(&keep);
                                 out.extend(route_quant1);
-                                // Stage 2's quantization in stage 1's epilogue (an opt-in,
-                                // MOEPLUG_FUSED_QUANT2=1) where it applies (fp8 1x128 on
-                                // 64-row tiles): on the default warp-specialised kernel and on
-                                // the cp.async one.
+                                // Stage 2's quantization without moe_quant2 (an opt-in,
+                                // MOEPLUG_FUSED_QUANT2=1) where it applies: the stream
+                                // configuration itself; wgmma (fp8 1x128 on 64-row tiles) on
+                                // the default warp-specialised kernel and on the cp.async one.
+                                let stream_quant2 = (family == Family::Stream)
+                                    .then(|| KernelSpec {
+                                        fused_quant2: true,
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(stream_quant2);
                                 for ws in [true, false] {
                                     let quant2 = (family == Family::Wgmma)
                                         .then(|| KernelSpec {

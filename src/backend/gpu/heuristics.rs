@@ -150,9 +150,10 @@ static PDL_PREFERENCE: Lazy<Pdl> = Lazy::new(|| {
         .unwrap_or(Pdl::Early)
 });
 
-/// `MOEPLUG_FUSED_QUANT2=1`: the wgmma family's stage 1 quantizes stage 2's fp8 1x128 input in
-/// its epilogue, without `moe_quant2` (an opt-in until the H200 has timed it: bench/NOTES.md,
-/// session 17).
+/// `MOEPLUG_FUSED_QUANT2=1`: stage 2's input is quantized without `moe_quant2`, by the wgmma
+/// family's stage-1 epilogue (fp8 1x128) or by each stream stage-2 block for its own tile rows
+/// (fp8 per token or 1x128, I <= [`STREAM_QUANT2_MAX_I`]); an opt-in until the H200 has timed
+/// it (bench/NOTES.md, session 17).
 static FUSED_QUANT2_PREFERENCE: Lazy<bool> =
     Lazy::new(|| std::env::var("MOEPLUG_FUSED_QUANT2").is_ok_and(|v| v.trim() == "1"));
 
@@ -170,6 +171,25 @@ pub fn route_quant1_unsupported(spec: &KernelSpec) -> Option<&'static str> {
         Some("the stream and wgmma families only")
     } else if !spec.act_dtype.is_quantized() || spec.act_dtype == ActDtype::Fp8PerTensor {
         Some("activations quantized per row or group only")
+    } else {
+        None
+    }
+}
+
+/// The largest intermediate_size whose tile rows a stream stage-2 block quantizes itself
+/// (`SW_Q2_MAX_I`, kernels/moe_gemm_stream.cuh: 16 KiB of shared memory).
+pub const STREAM_QUANT2_MAX_I: usize = 1024;
+
+/// Why a stream stage-2 block cannot quantize its own tile rows (`FUSED_QUANT2`) for this
+/// configuration, or None (the launch's intermediate_size must also be at most
+/// [`STREAM_QUANT2_MAX_I`]).
+pub fn stream_quant2_unsupported(spec: &KernelSpec) -> Option<&'static str> {
+    let act = matches!(
+        spec.act_dtype,
+        ActDtype::Fp8Block128 | ActDtype::Fp8PerToken
+    );
+    if !act || spec.separate_stage2() || spec.stream_bm != 16 {
+        Some("a stream block quantizes fp8 per-token or 1x128 activations of 16-row tiles only")
     } else {
         None
     }
@@ -291,6 +311,9 @@ pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
     }
     if spec.pdl != spec.pdl.for_family(Family::Stream) {
         return Some("no early weight reads before the wait (Pdl::Early)");
+    }
+    if spec.fused_quant2 && stream_quant2_unsupported(spec).is_some() {
+        return stream_quant2_unsupported(spec);
     }
     // Stage 2 of a separate stage-2 act dtype is a module of its own: both must be covered.
     if spec.separate_stage2() {
@@ -488,8 +511,8 @@ pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
     if spec.route_quant1 && route_quant1_unsupported(spec).is_some() {
         return false;
     }
-    if spec.fused_quant2 && spec.family != Family::Wgmma {
-        return false; // the wgmma epilogue's (kernels/moe_gemm_wgmma.cuh)
+    if spec.fused_quant2 && !matches!(spec.family, Family::Stream | Family::Wgmma) {
+        return false; // the wgmma stage-1 epilogue's or the stream stage-2 prologue's
     }
     if spec.pdl.on() && !matches!(spec.family, Family::Stream | Family::Wgmma) {
         return false; // the other families' stages do not wait (kernels/fused_moe.cu)
@@ -536,6 +559,9 @@ pub fn spec_for(
                 *chosen = kw.unwrap_or(*chosen);
             }
         }
+        spec.fused_quant2 = *FUSED_QUANT2_PREFERENCE
+            && l.intermediate_size <= STREAM_QUANT2_MAX_I
+            && stream_quant2_unsupported(&spec).is_none();
         let prefetch = STREAM_PREFETCH_PREFERENCE.unwrap_or(StreamPrefetch::Off);
         let sm = sm_version(arch);
         spec.stream_prefetch = sm.map_or(prefetch, |sm| prefetch.on(sm));
@@ -1100,7 +1126,7 @@ mod tests {
     }
 
     #[test]
-    fn stage_one_quantizes_stage_two_for_fp8_blocks_on_64_row_tiles_of_128_columns_only() {
+    fn stage_two_input_is_quantized_without_moe_quant2_by_wgmma_stage_one_or_stream_stage_two() {
         let fused = KernelSpec {
             family: Family::Wgmma,
             weight_format: WeightFormat::Fp8Block128,
@@ -1129,12 +1155,31 @@ mod tests {
         for refused in [per_token, tall] {
             assert_eq!(wgmma_spec_unsupported(90, &refused), Some(why));
         }
-        // only the wgmma epilogue has it
+        // the stream family quantizes in its stage-2 blocks (16-row tiles); tile32 cannot
         let stream = KernelSpec {
             family: Family::Stream,
+            stream_bm: 16,
             ..fused.clone()
         };
-        assert!(!selectable(90, &stream));
+        assert_eq!(stream_quant2_unsupported(&stream), None);
+        assert!(stream.defines().contains(&"FUSED_QUANT2=1".to_string()));
+        let tall = KernelSpec {
+            stream_bm: 32,
+            ..stream.clone()
+        };
+        assert_eq!(
+            stream_spec_unsupported(90, &tall),
+            Some(
+                "a stream block quantizes fp8 per-token or 1x128 activations of 16-row tiles only"
+            )
+        );
+        assert!(!selectable(
+            90,
+            &KernelSpec {
+                family: Family::Tile32,
+                ..stream
+            }
+        ));
     }
 
     #[test]

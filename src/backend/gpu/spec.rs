@@ -249,8 +249,9 @@ pub struct KernelSpec {
     /// The top-k combine runs at the end of stage 2 instead of as `moe_reduce`
     /// (`FUSED_COMBINE`; [`Family::fuses_combine`] families on CUDA only).
     pub fused_combine: bool,
-    /// Wgmma family, fp8 1x128 activations: stage 1's epilogue writes stage 2's quantized
-    /// input itself and `moe_quant2` is not launched (`FUSED_QUANT2`).
+    /// Stage 2's quantized input without `moe_quant2` (`FUSED_QUANT2`): the wgmma stage-1
+    /// epilogue writes it (fp8 1x128), or each stream stage-2 block quantizes its tile's rows
+    /// into shared memory (fp8 per token or 1x128).
     pub fused_quant2: bool,
     /// Activations quantized per row or group: blocks 1 .. M of the route kernel quantize the
     /// hidden_states rows, and `moe_quant1` is not launched (`QUANT1_IN_ROUTE`).
@@ -492,6 +493,7 @@ impl KernelSpec {
             };
             d.push(format!("SW_PF={steps}"));
             d.push(format!("SW_PF_TILE={}", b(tile)));
+            d.push(format!("FUSED_QUANT2={}", b(self.fused_quant2)));
         }
         if matches!(self.family, Family::Stream | Family::Wgmma) {
             d.push(format!("PDL={}", self.pdl as u32));
