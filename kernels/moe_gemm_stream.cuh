@@ -283,7 +283,17 @@ __device__ void moe_gemm_stream(const Params& p) {
   for (int j = 2; j < SW_PF; ++j) prefetch(kw + j * KW);
 #endif
 #if FUSED_QUANT2
-  if constexpr (!S1) sw_quantize_tile(p, s_row);
+  if constexpr (!S1) {
+    // The lines of the warp's first weight step into the L2 while the tile's rows are
+    // quantized (the K loop's first loads then wait on the L2, not on HBM).
+    int c = kw * 4 + tig;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (kw < nsteps && c < nchunks && tile_ok[t]) sw_prefetch_line(wrow[t][h] + (i64)c * 256);
+    sw_quantize_tile(p, s_row);
+  }
 #endif
   // This lane's activation rows: token gid of each column tile (B operand), and for the
   // epilogue-side fold the tokens 2 tig, 2 tig + 1 of each column tile (C columns).
