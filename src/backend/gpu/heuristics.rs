@@ -312,8 +312,8 @@ pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
     if spec.pdl != spec.pdl.for_family(Family::Stream) {
         return Some("no early weight reads before the wait (Pdl::Early)");
     }
-    if spec.fused_quant2 && stream_quant2_unsupported(spec).is_some() {
-        return stream_quant2_unsupported(spec);
+    if let Some(why) = stream_quant2_unsupported(spec).filter(|_| spec.fused_quant2) {
+        return Some(why);
     }
     // Stage 2 of a separate stage-2 act dtype is a module of its own: both must be covered.
     if spec.separate_stage2() {
