@@ -9,6 +9,8 @@
 #           M = 8 now on wgmma, predicted ~0.95x stream's time), wgmma against stream
 #   ncu:    every kernel of one launch (duration, DRAM bytes and rate): DeepSeek fp8 M = 1
 #           (wgmma, six kernels) and Qwen3 fp8 M = 1 (stream, five)
+#   stall:  DeepSeek fp8 M = 1's two wgmma stages: tensor-pipe activity and stall reasons (is
+#           the swap-AB decode step of bench/NOTES.md session 17 worth building?)
 source "$(dirname "$0")/dev_common.sh"
 case ${1:-check} in
 check)
@@ -29,5 +31,11 @@ ncu)
     NCU_GREP='  moe_|Duration|DRAM Throughput|Memory Throughput' \
     bash bench/ncu_profile.sh qwen3-30b-a3b:fp8_block128:1 2>&1 | tail -60 | tee -a "$sum"
   stamp ncu | tee -a "$sum"
+  ;;
+stall)
+  NCU_WHAT=breakdown NCU_TIMEOUT=300 NCU_LINES=80 \
+    NCU_GREP='moe_stage|Duration|tensor|stalled_(long|barrier|wait|math|mio|short|lg)|dram__bytes_read' \
+    bash bench/ncu_profile.sh deepseek-v3:fp8_block128:1 2>&1 | tail -80 | tee -a "$sum"
+  stamp stall | tee -a "$sum"
   ;;
 esac
