@@ -7,7 +7,6 @@
 #   second: after check (the stream family's early reads lost, now waits; wgmma kept early):
 #           the PDL test, the kit, edges (one round) and ncu in one call
 #   edges:  the decode rule's edges, wgmma against stream (M = 1-16)
-#   ncu:    where DeepSeek fp8 at M = 1 and Qwen3 fp8 at M = 8 spend their time (per kernel)
 source "$(dirname "$0")/dev_common.sh"
 case ${1:-check} in
 check)
@@ -23,22 +22,11 @@ second)
   stamp kit | tee -a "$sum"
   ROUNDS=1 edges_ab
   # every kernel of the second launch (dsv3 on wgmma: six, with moe_reduce; qwen3 on stream: five)
-  NCU_KERNELS=moe_ NCU_SKIP=6 NCU_COUNT=6 NCU_TIMEOUT=100 NCU_LINES=40 \
-    NCU_GREP='  moe_|Duration|dram__bytes_read|DRAM Throughput' \
-    bash bench/ncu_profile.sh deepseek-v3:fp8_block128:1 2>&1 | tail -40 | tee -a "$sum"
-  NCU_KERNELS=moe_ NCU_SKIP=5 NCU_COUNT=5 NCU_TIMEOUT=100 NCU_LINES=40 \
-    NCU_GREP='  moe_|Duration|dram__bytes_read|DRAM Throughput' \
-    bash bench/ncu_profile.sh qwen3-30b-a3b:fp8_block128:8 2>&1 | tail -40 | tee -a "$sum"
+  ncu_launch deepseek-v3:fp8_block128:1 6 100
+  ncu_launch qwen3-30b-a3b:fp8_block128:8 5 100
   stamp ncu | tee -a "$sum"
   ;;
 edges)
   edges_ab
-  ;;
-ncu)
-  NCU_WHAT=breakdown NCU_TIMEOUT=260 NCU_LINES=80 \
-    NCU_GREP='moe_|Duration|dram__bytes|dram__throughput' \
-    bash bench/ncu_profile.sh deepseek-v3:fp8_block128:1 qwen3-30b-a3b:fp8_block128:8 2>&1 |
-    tee -a "$sum"
-  stamp ncu | tee -a "$sum"
   ;;
 esac

@@ -24,12 +24,8 @@ edges)
   edges_ab
   ;;
 ncu)
-  NCU_KERNELS=moe_ NCU_SKIP=6 NCU_COUNT=6 NCU_TIMEOUT=150 NCU_LINES=60 \
-    NCU_GREP='  moe_|Duration|DRAM Throughput|Memory Throughput' \
-    bash bench/ncu_profile.sh deepseek-v3:fp8_block128:1 2>&1 | tail -60 | tee -a "$sum"
-  NCU_KERNELS=moe_ NCU_SKIP=5 NCU_COUNT=5 NCU_TIMEOUT=150 NCU_LINES=60 \
-    NCU_GREP='  moe_|Duration|DRAM Throughput|Memory Throughput' \
-    bash bench/ncu_profile.sh qwen3-30b-a3b:fp8_block128:1 2>&1 | tail -60 | tee -a "$sum"
+  ncu_launch deepseek-v3:fp8_block128:1 6 150
+  ncu_launch qwen3-30b-a3b:fp8_block128:1 5 150
   stamp ncu | tee -a "$sum"
   ;;
 stall)

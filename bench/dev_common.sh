@@ -30,3 +30,10 @@ edges_ab() {
     --ms 1,2,4,8,16 2>&1 | tail -22 | tee -a "$sum"
   stamp edges | tee -a "$sum"
 }
+# Every kernel of one launch under ncu (duration, DRAM rate): case "model:format:M", the
+# launch's kernel count, and the seconds ncu may take.
+ncu_launch() {  # case, kernels, timeout
+  NCU_KERNELS=moe_ NCU_SKIP=$2 NCU_COUNT=$2 NCU_TIMEOUT=$3 NCU_LINES=60 \
+    NCU_GREP='  moe_|Duration|DRAM Throughput|Memory Throughput' \
+    bash bench/ncu_profile.sh "$1" 2>&1 | tail -60 | tee -a "$sum"
+}

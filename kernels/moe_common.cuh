@@ -85,7 +85,6 @@ struct Params {
 #ifndef PDL
 #define PDL 0
 #endif
-#define PDL_WAIT 1   // every kernel waits first
 #define PDL_EARLY 2  // the wgmma stages that can start their weight copies before waiting
 #ifndef QUANT1_IN_ROUTE
 #define QUANT1_IN_ROUTE 0
