@@ -254,6 +254,13 @@ __device__ __forceinline__ void wg_mma(float* d, u64 da, u64 db, int acc) {
 __device__ __forceinline__ int wg_a_row0(int wg) { return BM == 128 ? 64 * wg : 0; }
 __device__ __forceinline__ int wg_b_row0(int wg) { return BM == 128 ? 0 : WG_N * wg; }
 
+// Whether a warpgroup has MMAs to issue, from the pair of its first row. A tile's real rows
+// come first (route_block), so on 128-row tiles warpgroup 1's 64 rows are all padding when the
+// tile holds at most 64: such a warpgroup skips its MMAs and keeps its place in the copies and
+// barriers. That is an expert's last tile; at M = 1024 on gpt-oss (32 pairs per expert, MXFP4
+// runs 128-row tiles only) it is every tile, half the tensor work.
+__device__ __forceinline__ bool wg_has_rows(int first_pair) { return BM == 64 || first_pair >= 0; }
+
 // Output columns of a block (stage 1: gate/up pairs).
 #define WG_COLS1 (WG_B_ROWS / 2)
 #define WG_COLS2 WG_B_ROWS
@@ -662,6 +669,7 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     cp_async_commit();
   }
   u32 a_wg = (u32)(a_row0 * WG_ROW), b_wg = (u32)(b_row0 * WG_ROW);
+  bool busy = wg_has_rows(s_row[a_row0]);
 #if WG_MX4
   mx_fetch(0);
 #endif
@@ -681,6 +689,7 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     cp_async_commit();
     u32 sa = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + a_wg;
     u32 sb = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES + b_wg;
+    if (!busy) continue;  // its part of the copies and the barrier done, nothing to multiply
     wgmma_fence();
 #if WG_FOLD
 #pragma unroll
@@ -1026,6 +1035,7 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
     int e = tile_expert[tile];
     int r0 = tile * BM + a_row0 + 16 * warp + gid;
     int rows[2] = {sorted[r0], sorted[r0 + 8]};
+    bool busy = wg_has_rows(sorted[tile * BM + a_row0]);
     float acc[WG_ACC];
 #pragma unroll
     for (int i = 0; i < WG_ACC; ++i) acc[i] = 0.0f;
@@ -1038,6 +1048,10 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
     for (int ks = 0; ks < nk; ++ks, ++it) {
       int st = it % WG_STAGES;
       mbar_wait(full0 + 8 * st, (it / WG_STAGES) & 1);
+      if (!busy) {  // release the stage at once: it stays in step with the ring's phases
+        if (lane == 0) mbar_arrive(empty0 + 8 * st);
+        continue;
+      }
       // The producer's cp.async wrote the activations through the generic proxy; the barrier
       // made them visible to this thread, the fence to its wgmma (the async proxy).
       fence_proxy_async();
@@ -1063,7 +1077,7 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
     }
 #if !WG_FOLD
     wgmma_wait<0>();
-    if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
+    if (busy && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
 #endif
     wg_epilogue<GATED>(p, e, n0, b_row0, tig, rows, acc);
   }

@@ -211,8 +211,10 @@ int main(int argc, char** argv) {
 #if EMU_WG_SHAPES
   int rows0 = 0;
   for (int id : ids) rows0 += id == 0;
-  if (rows0 <= 128) {
-    fprintf(stderr, "emulate_fused_moe: expert 0 has %d rows, not more than a 128-row tile\n", rows0);
+  // ... and its last tile holds at most 64, so that on 128-row tiles warpgroup 1 has only
+  // padding there (wg_has_rows: it skips its MMAs).
+  if (rows0 <= 128 || rows0 % 128 > 64) {
+    fprintf(stderr, "emulate_fused_moe: expert 0 has %d rows, not 129-192\n", rows0);
     return 2;
   }
 #endif
