@@ -687,9 +687,9 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     __syncthreads();  // everyone's have; and every warpgroup is done with step ks - 2
     if (ks + WG_STAGES - 2 < nk) load_step(ks + WG_STAGES - 2);
     cp_async_commit();
+    if (!busy) continue;  // its part of the copies and the barrier done, nothing to multiply
     u32 sa = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + a_wg;
     u32 sb = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES + b_wg;
-    if (!busy) continue;  // its part of the copies and the barrier done, nothing to multiply
     wgmma_fence();
 #if WG_FOLD
 #pragma unroll
