@@ -77,8 +77,8 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 wgmma_group: 0,  // ungrouped (MOEPLUG_WGMMA_GROUP=0); grouped below
                                 // the default where the family has it (heuristics)
                                 fused_combine: family.fuses_combine(),
-                                fused_quant2: false, // the opt-in below
-                                route_quant1: false, // the opt-in below
+                                fused_quant2: false, // MOEPLUG_FUSED_QUANT2=0; the default below
+                                route_quant1: false, // MOEPLUG_ROUTE_QUANT1=0; the default below
                             };
                             n += 1;
                             if !keep(&spec) && spec.fused_combine {
@@ -185,8 +185,8 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     .filter(&keep);
                                 short_tiles_made += short_tiles.is_some() as usize;
                                 out.extend(short_tiles);
-                                // The route kernel quantizing stage 1's activations (an
-                                // opt-in, MOEPLUG_ROUTE_QUANT1=1): that variant of every other
+                                // The route kernel quantizing stage 1's activations (the
+                                // default, MOEPLUG_ROUTE_QUANT1): that variant of every other
                                 // configuration it takes.
                                 let route_quant1 = (chosen % 2 == 1
                                     && route_quant1_unsupported(&spec).is_none())
@@ -196,8 +196,8 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 })
                                 .filter(&keep);
                                 out.extend(route_quant1);
-                                // Stage 2's quantization without moe_quant2 (an opt-in,
-                                // MOEPLUG_FUSED_QUANT2=1) where it applies: the stream
+                                // Stage 2's quantization without moe_quant2 (the default,
+                                // MOEPLUG_FUSED_QUANT2) where it applies: the stream
                                 // configuration itself; wgmma (fp8 1x128 on 64-row tiles) on
                                 // the default warp-specialised kernel and on the cp.async one.
                                 let stream_quant2 = (family == Family::Stream)

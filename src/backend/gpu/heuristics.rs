@@ -150,18 +150,23 @@ static PDL_PREFERENCE: Lazy<Pdl> = Lazy::new(|| {
         .unwrap_or(Pdl::Early)
 });
 
-/// `MOEPLUG_FUSED_QUANT2=1`: stage 2's input is quantized without `moe_quant2`, by the wgmma
-/// family's stage-1 epilogue (fp8 1x128) or by each stream stage-2 block for its own tile rows
-/// (fp8 per token or 1x128, I <= [`STREAM_QUANT2_MAX_I`]); an opt-in until the H200 has timed
-/// it (bench/NOTES.md, session 17).
-static FUSED_QUANT2_PREFERENCE: Lazy<bool> =
-    Lazy::new(|| std::env::var("MOEPLUG_FUSED_QUANT2").is_ok_and(|v| v.trim() == "1"));
+/// Whether an on-by-default setting is on: anything but `0` (or unset).
+fn env_on_unless_zero(name: &str) -> bool {
+    !std::env::var(name).is_ok_and(|v| v.trim() == "0")
+}
 
-/// `MOEPLUG_ROUTE_QUANT1=1`: the route kernel's extra blocks quantize stage 1's activations,
-/// without `moe_quant1` ([`route_quant1_unsupported`]; an opt-in until the H200 has timed it:
-/// bench/NOTES.md, session 17).
+/// `MOEPLUG_FUSED_QUANT2` (default on, `0` off): stage 2's input is quantized without
+/// `moe_quant2`, by the wgmma family's stage-1 epilogue (fp8 1x128) or by each stream stage-2
+/// block for its own tile rows (fp8 per token or 1x128, I <= [`STREAM_QUANT2_MAX_I`]).
+/// Measured 0.5-5 % faster on every fp8 point with the route's fold (bench/NOTES.md, session 19).
+static FUSED_QUANT2_PREFERENCE: Lazy<bool> =
+    Lazy::new(|| env_on_unless_zero("MOEPLUG_FUSED_QUANT2"));
+
+/// `MOEPLUG_ROUTE_QUANT1` (default on, `0` off): the route kernel's extra blocks quantize
+/// stage 1's activations, without `moe_quant1` ([`route_quant1_unsupported`]). Measured 2-19 %
+/// faster at M <= 256 on the fp8 cases (bench/NOTES.md, session 19).
 static ROUTE_QUANT1_PREFERENCE: Lazy<bool> =
-    Lazy::new(|| std::env::var("MOEPLUG_ROUTE_QUANT1").is_ok_and(|v| v.trim() == "1"));
+    Lazy::new(|| env_on_unless_zero("MOEPLUG_ROUTE_QUANT1"));
 
 /// Why the route kernel cannot quantize stage 1's activations for this configuration
 /// (`QUANT1_IN_ROUTE`), or None: the families of decode and prefill (stream, wgmma), with
