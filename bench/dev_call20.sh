@@ -2,11 +2,10 @@
 # GPU calls of session 19, one per argument. Build main (`cargo build --release`) and the
 # pre-skip library (acbf0bb) into target/old/libmoeplug.so; carry both, target/release/moeplug
 # and .peers.
-#   skip: the idle-warpgroup skip (1e34268) against the library before it (with its
-#         opt-in folds on, now the defaults), M = 1024 / 4096 on
-#         the 128-row cases, with the SM clock and power sampled; then DeepSeek fp8 M = 1 per
-#         kernel under ncu; the
-#         kit on the new defaults (both folds on); the decode rule's edges
+#   skip: the idle-warpgroup skip (1e34268) against the library before it (with its opt-in
+#         folds on, now the defaults), M = 1024 / 4096 on the 128-row cases, with the SM clock
+#         and power sampled; the kit on the new defaults (both folds on); DeepSeek fp8 M = 1
+#         per kernel under ncu; the decode rule's edges
 source "$(dirname "$0")/dev_common.sh"
 case ${1:-skip} in
 skip)
