@@ -5,7 +5,8 @@
 #   skip: the idle-warpgroup skip (1e34268) against the library before it (with its opt-in
 #         folds on, now the defaults), M = 1024 / 4096 on the 128-row cases, with the SM clock
 #         and power sampled; the kit on the new defaults (both folds on); DeepSeek fp8 M = 1
-#         per kernel under ncu; the decode rule's edges
+#         per kernel under ncu; DeepSeek M = 4096's DRAM bytes per
+#         stage; the decode rule's edges
 source "$(dirname "$0")/dev_common.sh"
 case ${1:-skip} in
 skip)
@@ -29,6 +30,11 @@ PY
   ncu_launch deepseek-v3:fp8_block128:1 6 100
   tail -25 "$OUT/ncu.log"
   stamp ncu | tee -a "$sum"
+  # DRAM and L2 bytes of DeepSeek fp8 M = 4096's two GEMM stages: does prefill re-read weights?
+  NCU_WHAT=breakdown NCU_TIMEOUT=150 bash bench/ncu_profile.sh deepseek-v3:fp8_block128:4096 \
+    2>&1 | grep -E 'moe_stage|Duration|dram__bytes|lts__t_bytes|pipe_tensor|Memory Throughput' \
+    | head -40 | tee -a "$sum"
+  stamp ncu4096 | tee -a "$sum"
   ROUNDS=1 edges_ab
   ;;
 esac
