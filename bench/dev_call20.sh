@@ -3,8 +3,9 @@
 # (`cargo build --release`) and the pre-skip library (acbf0bb) into target/old/libmoeplug.so;
 # carry both, target/release/moeplug and .peers. In order, most wanted first:
 #  1. A/B at M = 1024 / 4096 on the 128-row cases: main; the library before the idle-warpgroup
-#     skip (1e34268), with its opt-in folds on as main has them by default; main with the work
-#     order's groups of 1 and 2 tiles (default 8). The SM clock and power are sampled.
+#     skip (1e34268), with its opt-in folds on as main has them by default; main with a block per
+#     work item instead of the persistent stride; main with the work order's groups of 1 tile
+#     (default 8). The SM clock and power are sampled.
 #  2. the kit on the new defaults (both folds on);
 #  3. the suite on them;
 #  4. ncu: DRAM and L2 bytes of DeepSeek fp8 M = 4096's two GEMM stages; every kernel of one
@@ -15,8 +16,8 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=c
 smi=$!
 OUT=/tmp/ab ROUNDS=2 AB_TIMEOUT=120 bash bench/ab.sh "" \
   "MOEPLUG_LIBRARY=$PWD/target/old/libmoeplug.so MOEPLUG_CACHE_DIR=/tmp/c-old MOEPLUG_ROUTE_QUANT1=1 MOEPLUG_FUSED_QUANT2=1" \
-  "MOEPLUG_WGMMA_GROUP=1" "MOEPLUG_WGMMA_GROUP=2" -- \
-  --cases dsv3_fp8blk,gptoss_bf16,qwen3_bf16,gptoss_mxfp4 --ms 1024,4096 2>&1 | tail -14 | tee -a "$sum"
+  "MOEPLUG_WGMMA_PERSISTENT=0" "MOEPLUG_WGMMA_GROUP=1" -- \
+  --cases dsv3_fp8blk,gptoss_bf16,qwen3_bf16,gptoss_mxfp4 --ms 1024,4096 2>&1 | tail -16 | tee -a "$sum"
 kill $smi
 python3 - <<'PY' | tee -a "$sum"
 import csv

@@ -70,6 +70,18 @@ static WGMMA_TMA_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLU
 /// `MOEPLUG_WGMMA_WS=0|1`: the warp-specialised persistent kernel (the default where it
 /// covers the configuration) or one block per tile (benchmarks).
 static WGMMA_WS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_WS"));
+/// `MOEPLUG_WGMMA_PERSISTENT=0`: the warp-specialised kernel gets a block per work item, handed
+/// out by the hardware in order, instead of one block per SM walking a fixed stride of them
+/// (benchmarks: whether blocks drifting apart on the stride lose the sharing of an expert's
+/// weight tiles in the L2; bench/NOTES.md, session 19).
+static WGMMA_PERSISTENT_PREFERENCE: Lazy<bool> =
+    Lazy::new(|| env_on_unless_zero("MOEPLUG_WGMMA_PERSISTENT"));
+
+/// Whether `spec`'s GEMM stages launch one block per SM that loops over the work (else one
+/// block per work item: the kernel's loop then runs once).
+pub fn persistent_grid(spec: &KernelSpec) -> bool {
+    spec.persistent() && *WGMMA_PERSISTENT_PREFERENCE
+}
 /// `MOEPLUG_WGMMA_RS=0|1`: MXFP4 weights decoded into a shared-memory weight tile (the
 /// default) or fed as the register operand of wgmma (opt-in: measured 1-3.5 % slower on
 /// gpt-oss at M = 256-4096, and on 64-row tiles 10 % faster at M <= 1024 but 47 % slower at

@@ -632,10 +632,13 @@ impl GpuBackend {
             |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, None, pdl, what);
         let shared = spec.dynamic_shared_bytes() as u32;
         let threads = spec.gemm_threads();
-        // A persistent GEMM walks every (tile, column block) from one block per SM.
+        // A persistent GEMM walks every (tile, column block) from one block per SM; its kernel
+        // also runs from one block per work item (w = blockIdx.x).
         let persistent = |grid: (u32, u32)| {
-            if spec.persistent() {
+            if heuristics::persistent_grid(&spec) {
                 ((grid.0 * grid.1).min(self.compute_units), 1)
+            } else if spec.persistent() {
+                (grid.0 * grid.1, 1)
             } else {
                 grid
             }
