@@ -17,7 +17,7 @@ smi=$!
 OUT=/tmp/ab ROUNDS=2 AB_TIMEOUT=120 bash bench/ab.sh "" \
   "MOEPLUG_LIBRARY=$PWD/target/old/libmoeplug.so MOEPLUG_CACHE_DIR=/tmp/c-old MOEPLUG_ROUTE_QUANT1=1 MOEPLUG_FUSED_QUANT2=1" \
   "MOEPLUG_WGMMA_PERSISTENT=0" "MOEPLUG_WGMMA_GROUP=1" -- \
-  --cases dsv3_fp8blk,gptoss_bf16,qwen3_bf16,gptoss_mxfp4 --ms 1024,4096 2>&1 | tail -16 | tee -a "$sum"
+  --cases dsv3_fp8blk,gptoss_bf16,qwen3_bf16,qwen3_fp8blk,gptoss_mxfp4 --ms 1024,4096 2>&1 | tail -18 | tee -a "$sum"
 kill $smi
 python3 - <<'PY' | tee -a "$sum"
 import csv
