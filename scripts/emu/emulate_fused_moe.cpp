@@ -179,11 +179,66 @@ static void launch(F kernel, const Params& p, int gx, int gy, int threads,
   for (int g = 0; g < groups / 4; ++g) delete emu_wg_barrier[g];
 }
 
+#if ACT_Q && QG
+// quant_row_block on rows longer than the fused_moe problem's (several passes of the block,
+// a partial last group), by moe_quant1's 256 threads and by the route kernel's 1024, against
+// the definition written out here: each group's amax, group_scale, act_encode of each value
+// over the scale. Bit for bit; exits 4 on the first difference.
+static void quant_block_route(const Params& p) {
+  __shared__ float red[SCAN_THREADS];
+  quant_row_block<1, SCAN_THREADS>(p, blockIdx.x, red);
+}
+static void check_quant_rows() {
+  const unsigned long long seed = rng_state;  // the problem's inputs stay those of the seed
+  const int rows = 3;
+  for (int K : {2 * 1024 + 160, 4096 + 1184}) {
+    int cols = K + 8, ng = (K + QG - 1) / QG;
+    std::vector<u16> x((size_t)rows * cols);
+    for (size_t i = 0; i < x.size(); ++i) {
+      float v = uniform() * (i % 977 == 0 ? 300.0f : 2.0f);  // a few large values
+      x[i] = act16(i / cols == 1 && i % cols < (size_t)QG ? 0.0f : v, IN_F16);  // a zero group
+    }
+    for (int threads : {THREADS, SCAN_THREADS}) {
+      std::vector<u8> codes((size_t)rows * K, 0xa5);
+      std::vector<float> scales((size_t)rows * ng, -1.0f);
+      Params p{};
+      p.x = (u64)(uintptr_t)x.data(), p.xq = (u64)(uintptr_t)codes.data();
+      p.xs = (u64)(uintptr_t)scales.data();
+      p.M = rows, p.H = K, p.x_cols = cols, p.ng1 = ng;
+      if (threads == THREADS)
+        launch(moe_quant1, p, rows, 1, threads);
+      else
+        launch(quant_block_route, p, rows, 1, threads);
+      for (int r = 0; r < rows; ++r)
+        for (int g = 0; g < ng; ++g) {
+          const u16* src = x.data() + (size_t)r * cols;
+          int k0 = g * QG, k1 = k0 + QG < K ? k0 + QG : K;
+          float amax = 0.0f;
+          for (int k = k0; k < k1; ++k) amax = fmaxf(amax, fabsf(quant_src<1>(src, k)));
+          float scale = group_scale(amax);
+          bool ok = memcmp(&scale, &scales[(size_t)r * ng + g], 4) == 0;
+          for (int k = k0; ok && k < k1; ++k)
+            ok = codes[(size_t)r * K + k] == act_encode(quant_src<1>(src, k) / scale);
+          if (!ok) {
+            fprintf(stderr, "emulate_fused_moe: quant_row_block (%d threads, K = %d): row %d "
+                    "group %d differs from the definition\n", threads, K, r, g);
+            exit(4);
+          }
+        }
+    }
+  }
+  rng_state = seed;
+}
+#endif
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: emulate_fused_moe OUT\n");
     return 2;
   }
+#if ACT_Q && QG
+  check_quant_rows();
+#endif
   // Experts: with a mask, global expert 1 is not local.
   std::vector<int> mask = {1, 0, 1, 1};
   int E = HAS_MASK ? 3 : E_GLOBAL;

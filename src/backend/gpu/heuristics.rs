@@ -70,18 +70,41 @@ static WGMMA_TMA_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLU
 /// `MOEPLUG_WGMMA_WS=0|1`: the warp-specialised persistent kernel (the default where it
 /// covers the configuration) or one block per tile (benchmarks).
 static WGMMA_WS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_WS"));
-/// `MOEPLUG_WGMMA_PERSISTENT=0`: the warp-specialised kernel gets a block per work item, handed
-/// out by the hardware in order, instead of one block per SM walking a fixed stride of them
-/// (benchmarks: whether blocks drifting apart on the stride lose the sharing of an expert's
-/// weight tiles in the L2; bench/NOTES.md, session 19).
-static WGMMA_PERSISTENT_PREFERENCE: Lazy<bool> =
-    Lazy::new(|| env_on_unless_zero("MOEPLUG_WGMMA_PERSISTENT"));
+/// `MOEPLUG_WGMMA_PERSISTENT=0|1`: the warp-specialised kernel from a block per work item
+/// (handed out by the hardware in order) or from one block per SM walking a fixed stride of
+/// them, instead of [`persistent_grid`]'s rule (benchmarks).
+static WGMMA_PERSISTENT_PREFERENCE: Lazy<Option<u32>> =
+    Lazy::new(|| env_choice("MOEPLUG_WGMMA_PERSISTENT"));
 
-/// Whether `spec`'s GEMM stages launch one block per SM that loops over the work (else one
-/// block per work item: the kernel's loop then runs once).
-pub fn persistent_grid(spec: &KernelSpec) -> bool {
-    spec.persistent() && *WGMMA_PERSISTENT_PREFERENCE
+/// Stage-1 K steps (128-byte rows of K) and pairs per expert from which the warp-specialised
+/// wgmma kernel runs from a block per work item rather than persistent. Measured on the H200
+/// (bench/NOTES.md, session 19, both stages switched together): a block per item took 0.89x /
+/// 0.97x the time on gpt-oss bf16 (45 steps) at M = 4096 / 1024 and 0.97x / 0.98x on DeepSeek
+/// fp8 (56 steps), 32-128 pairs per expert; on Qwen3 (16 fp8 or 32 bf16 steps) 1.05-1.08x,
+/// except bf16 at M = 4096 (0.98x). A long item hides the launch of the next block, and the
+/// in-order hand-out keeps an expert's tiles reading its weight tiles together (DRAM read
+/// 1.9x stage 1's weights on DeepSeek M = 4096 persistent); a short item needs the
+/// persistent loop's overlap of its epilogue with the next item's copies. Below 32 pairs per
+/// expert (decode) nothing was measured: persistent as before.
+pub const WGMMA_ITEM_GRID_MIN_K_STEPS: usize = 40;
+pub const WGMMA_ITEM_GRID_MIN_PAIRS_PER_EXPERT: usize = 32;
+
+/// Whether `spec`'s GEMM stages launch one block per SM that loops over the work, for a launch
+/// of `m` tokens top-`topk` (else one block per work item: the kernel's loop then runs once).
+pub fn persistent_grid(spec: &KernelSpec, launch: &MoeLaunch, m: usize, topk: usize) -> bool {
+    if !spec.persistent() {
+        return false;
+    }
+    if let Some(v) = *WGMMA_PERSISTENT_PREFERENCE {
+        return v != 0;
+    }
+    let l = &launch.config.layout;
+    let k_step = if spec.act_dtype.is_quantized() { 128 } else { 64 };
+    let pairs_per_expert = m * topk / l.num_experts.max(1);
+    l.hidden_size.div_ceil(k_step) < WGMMA_ITEM_GRID_MIN_K_STEPS
+        || pairs_per_expert < WGMMA_ITEM_GRID_MIN_PAIRS_PER_EXPERT
 }
+
 /// `MOEPLUG_WGMMA_RS=0|1`: MXFP4 weights decoded into a shared-memory weight tile (the
 /// default) or fed as the register operand of wgmma (opt-in: measured 1-3.5 % slower on
 /// gpt-oss at M = 256-4096, and on 64-row tiles 10 % faster at M <= 1024 but 47 % slower at
@@ -1139,6 +1162,35 @@ mod tests {
             );
             // where the wgmma family does not run, stream keeps decode
             assert_eq!(choose("sm_89", &l, &shape), Family::Stream);
+        }
+    }
+
+    #[test]
+    fn wgmma_runs_a_block_per_work_item_where_items_are_long_and_experts_have_several_tiles() {
+        // (format, experts, hidden, intermediate, top-k, M, persistent): bench/NOTES.md,
+        // session 19 (a block per item measured faster on gpt-oss bf16 and DeepSeek fp8 at
+        // M = 1024 / 4096, slower on Qwen3)
+        let bf16 = WeightFormat::Bf16;
+        let fp8 = WeightFormat::Fp8Block128;
+        let cases = [
+            (bf16, 128, 2880, 2880, 4, 1024, false), // gpt-oss: 45 steps, 32 pairs per expert
+            (bf16, 128, 2880, 2880, 4, 4096, false),
+            (bf16, 128, 2880, 2880, 4, 512, true), // 16 pairs per expert: not measured
+            (fp8, 256, 7168, 2048, 8, 1024, false), // DeepSeek: 56 fp8 steps
+            (fp8, 256, 7168, 2048, 8, 4096, false),
+            (fp8, 256, 7168, 2048, 8, 1, true),
+            (bf16, 128, 2048, 768, 8, 4096, true), // Qwen3: 32 bf16 steps
+            (fp8, 128, 2048, 768, 8, 4096, true),  // 16 fp8 steps
+        ];
+        for (format, experts, h, i, topk, m, want) in cases {
+            let l = model_launch(format, experts, h, i, m);
+            let spec = KernelSpec::for_launch(&l, Family::Wgmma);
+            let spec = wgmma_shape(spec, None);
+            assert!(spec.wgmma_ws, "{format:?} H={h}: the warp-specialised kernel");
+            assert_eq!(persistent_grid(&spec, &l, m, topk), want, "{format:?} H={h} M={m}");
+            // the other kernels of the family are never persistent
+            let plain = KernelSpec { wgmma_ws: false, ..spec };
+            assert!(!persistent_grid(&plain, &l, m, topk));
         }
     }
 

@@ -635,7 +635,7 @@ impl GpuBackend {
         // A persistent GEMM walks every (tile, column block) from one block per SM; its kernel
         // also runs from one block per work item (w = blockIdx.x).
         let persistent = |grid: (u32, u32)| {
-            if heuristics::persistent_grid(&spec) {
+            if heuristics::persistent_grid(&spec, l, plan.m, plan.topk) {
                 ((grid.0 * grid.1).min(self.compute_units), 1)
             } else if spec.persistent() {
                 (grid.0 * grid.1, 1)
