@@ -10,7 +10,9 @@
 #     height: if a block per item or 128-row tiles (1.5 tiles per expert, not 2.5) bring
 #     stage 1's 14.1 GB toward its 7.5 GB of weights, tiles read their expert's weights each
 #     on their own (the L2-partition reading; bench/NOTES.md session 19);
-#  4. every kernel of one DeepSeek fp8 M = 1 launch (the route kernel: 11.5 us before).
+#  4. every kernel of one DeepSeek fp8 M = 1 launch (the route kernel: 11.5 us before);
+#  5. the top-k combine fused into stage 2 (no moe_reduce launch) at the stream family's
+#     decode points, last measured before PDL (session 4: 3-12 % slower).
 source "$(dirname "$0")/dev_common.sh"
 SUITE_JOBS=8 SUITE_TIMEOUT=300 bash bench/device_check.sh suite 2>&1 | grep -E '^suite|process|FAILED|ERROR'
 rm -f "$OUT"/suite_*.log "$OUT"/suite_ids.txt  # few files under $OUT, or none come back
@@ -25,3 +27,6 @@ done
 stamp ncu4096 | tee -a "$sum"
 ncu_launch deepseek-v3:fp8_block128:1 4 90
 stamp ncu | tee -a "$sum"
+ROUNDS=2 AB_TIMEOUT=80 OUT=/tmp/ab bash bench/ab.sh "" "MOEPLUG_FUSED_COMBINE=1" -- \
+  --cases qwen3_bf16,qwen3_fp8blk,gptoss_bf16,gptoss_mxfp4 --ms 1,8,64 2>&1 | tail -14 | tee -a "$sum"
+stamp combine | tee -a "$sum"
