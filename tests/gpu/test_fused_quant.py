@@ -1,10 +1,11 @@
 """The activation quantizations folded into neighbouring kernels, both defaults (`0` turns
 each off) read once per process (each setting runs in a fresh process, `child`):
-MOEPLUG_ROUTE_QUANT1 (the route kernel's extra blocks quantize stage 1's input; stream and wgmma) and MOEPLUG_FUSED_QUANT2
-(the wgmma stage-1 epilogue writes stage 2's fp8 1x128 input; each stream stage-2 block
-quantizes its tile's rows, fp8 per token or 1x128). Each gives the same output bits as
-moe_quant1 / moe_quant2, one launch fewer each, with the expert mask, padded columns and a
-partial last 128-column group (I = 160), run after run and in CUDA graph replays."""
+MOEPLUG_ROUTE_QUANT1 (the route kernel's extra blocks quantize stage 1's input; stream and
+wgmma) and MOEPLUG_FUSED_QUANT2 (the wgmma stage-1 epilogue writes stage 2's fp8 1x128
+input; each stream stage-2 block quantizes its tile's rows, fp8 per token or 1x128). Each
+gives the same output bits as moe_quant1 / moe_quant2, one launch fewer each, with the expert
+mask, padded columns and a partial last 128-column group (I = 160), run after run and in CUDA
+graph replays."""
 
 import os
 
