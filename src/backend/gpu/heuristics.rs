@@ -99,7 +99,11 @@ pub fn persistent_grid(spec: &KernelSpec, launch: &MoeLaunch, m: usize, topk: us
         return v != 0;
     }
     let l = &launch.config.layout;
-    let k_step = if spec.act_dtype.is_quantized() { 128 } else { 64 };
+    let k_step = if spec.act_dtype.is_quantized() {
+        128
+    } else {
+        64
+    };
     let pairs_per_expert = m * topk / l.num_experts.max(1);
     l.hidden_size.div_ceil(k_step) < WGMMA_ITEM_GRID_MIN_K_STEPS
         || pairs_per_expert < WGMMA_ITEM_GRID_MIN_PAIRS_PER_EXPERT
@@ -1186,10 +1190,20 @@ mod tests {
             let l = model_launch(format, experts, h, i, m);
             let spec = KernelSpec::for_launch(&l, Family::Wgmma);
             let spec = wgmma_shape(spec, None);
-            assert!(spec.wgmma_ws, "{format:?} H={h}: the warp-specialised kernel");
-            assert_eq!(persistent_grid(&spec, &l, m, topk), want, "{format:?} H={h} M={m}");
+            assert!(
+                spec.wgmma_ws,
+                "{format:?} H={h}: the warp-specialised kernel"
+            );
+            assert_eq!(
+                persistent_grid(&spec, &l, m, topk),
+                want,
+                "{format:?} H={h} M={m}"
+            );
             // the other kernels of the family are never persistent
-            let plain = KernelSpec { wgmma_ws: false, ..spec };
+            let plain = KernelSpec {
+                wgmma_ws: false,
+                ..spec
+            };
             assert!(!persistent_grid(&plain, &l, m, topk));
         }
     }
