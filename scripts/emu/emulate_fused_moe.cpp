@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -231,6 +232,47 @@ static void check_quant_rows() {
 }
 #endif
 
+// moe_route's outputs against the definition written out here (both families of a check run
+// the same route kernel, so their comparison cannot see it): each pair's local expert
+// (the mask's numbering; -1 unrouted), ceil(count / BM) tiles per expert in expert order,
+// -1 past the last tile, and each expert's rows at the start of its first tile, each routed
+// pair once, then -1. Exits 5 on the first difference.
+static void check_route(const std::vector<int>& ids, const std::vector<int>& mask, int E,
+                        int total, const std::vector<int>& pair_local,
+                        const std::vector<int>& tile_expert, const std::vector<int>& rows) {
+  auto fail = [](const char* what, int at) {
+    fprintf(stderr, "emulate_fused_moe: moe_route: %s (at %d) differs from the definition\n",
+            what, at);
+    exit(5);
+  };
+  std::vector<int> local(E_GLOBAL, -1), count(E, 0);
+  for (int g = 0, n = 0; g < E_GLOBAL; ++g)
+    if (!HAS_MASK || mask[g]) local[g] = n++;
+  for (int q = 0; q < (int)ids.size(); ++q) {
+    int id = ids[q], lid = id >= 0 && id < E_GLOBAL ? local[id] : -1;
+    if (lid >= E) lid = -1;
+    if (pair_local[q] != lid) fail("pair_local", q);
+    if (lid >= 0) ++count[lid];
+  }
+  int t = 0;
+  for (int e = 0; e < E; ++e) {
+    int tiles = (count[e] + BM - 1) / BM;
+    std::vector<int> seen;
+    for (int j = 0; j < tiles * BM; ++j) {
+      int q = rows[(size_t)t * BM + j];
+      if (j < count[e] ? q < 0 || pair_local[q] != e : q != -1) fail("sorted_rows", t * BM + j);
+      if (q >= 0) seen.push_back(q);
+    }
+    std::sort(seen.begin(), seen.end());
+    if (std::adjacent_find(seen.begin(), seen.end()) != seen.end()) fail("a repeated pair", e);
+    for (int i = 0; i < tiles; ++i, ++t)
+      if (tile_expert[t] != e) fail("tile_expert", t);
+  }
+  if (total != t) fail("total_tiles", total);
+  for (int i = t; i < (int)tile_expert.size(); ++i)
+    if (tile_expert[i] != -1) fail("tile_expert past the last tile", i);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: emulate_fused_moe OUT\n");
@@ -328,6 +370,7 @@ int main(int argc, char** argv) {
 #endif
   // QUANT1_IN_ROUTE: blocks 1 .. M of the route kernel quantize the rows moe_quant1 would.
   launch(moe_route, p, 1 + (QUANT1_IN_ROUTE ? M : 0), 1, SCAN_THREADS);
+  check_route(ids, mask, E, total, pair_local, tile_expert, rows);
   if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax1, p, M, 1, THREADS);
   if (ACT_Q && !QUANT1_IN_ROUTE) launch(moe_quant1, p, M, 1, THREADS);
 #if FAMILY == FAMILY_WGMMA && WG_TMA
