@@ -1049,6 +1049,11 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       int st = it % WG_STAGES;
       mbar_wait(full0 + 8 * st, (it / WG_STAGES) & 1);
       if (!busy) {  // release the stage at once: it stays in step with the ring's phases
+        // Every lane has seen the phase complete before lane 0 lets the producer refill the
+        // stage: a lane still waiting when the barrier completes its next phase too would
+        // wait for ever (the busy path converges in its MMAs; diverged lanes, as the host
+        // emulator's threads are, hung CI on this).
+        __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * st);
         continue;
       }

@@ -117,6 +117,10 @@ static inline unsigned __ballot_sync(unsigned mask, int pred) {
   return bits;
 }
 static inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  (void)mask;
+  emu_group_barrier[threadIdx.x / 32]->arrive_and_wait();
+}
 static inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
   (void)mask;
   int lane = threadIdx.x % 32, w = threadIdx.x / 32;
