@@ -40,7 +40,13 @@ fn every_environment_variable_the_library_reads_is_documented() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
-    let reads = ["var(\"", "var_os(\"", "env_choice(\"", "_ENV: &str = \""];
+    let reads = [
+        "var(\"",
+        "var_os(\"",
+        "env_choice(\"",
+        "env_on_unless_zero(\"",
+        "_ENV: &str = \"",
+    ];
     let mut read = BTreeSet::new();
     for f in &files {
         read.extend(names_after(&std::fs::read_to_string(f).unwrap(), &reads));
