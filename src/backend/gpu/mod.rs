@@ -633,15 +633,12 @@ impl GpuBackend {
         let shared = spec.dynamic_shared_bytes() as u32;
         let threads = spec.gemm_threads();
         // A persistent GEMM walks every (tile, column block) from one block per SM; its kernel
-        // also runs from one block per work item (w = blockIdx.x).
-        let persistent = |grid: (u32, u32)| {
-            if heuristics::persistent_grid(&spec, l, plan.m, plan.topk) {
-                ((grid.0 * grid.1).min(self.compute_units), 1)
-            } else if spec.persistent() {
-                (grid.0 * grid.1, 1)
-            } else {
-                grid
-            }
+        // also runs from one block per work item (w = blockIdx.x). Decided once per launch.
+        let walk = heuristics::persistent_grid(&spec, l, plan.m, plan.topk);
+        let persistent = |grid: (u32, u32)| match (spec.persistent(), walk) {
+            (false, _) => grid,
+            (true, true) => ((grid.0 * grid.1).min(self.compute_units), 1),
+            (true, false) => (grid.0 * grid.1, 1),
         };
         let stage = |f, grid, map: Option<&tma::TensorMap>, what| {
             self.launch(
