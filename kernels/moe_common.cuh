@@ -124,24 +124,40 @@ __device__ __forceinline__ i64 w_offset(int n, int k, int K, int pack) {
 #endif
 }
 
-// F3 (LAYOUTS.md §3.1) byte offset of e8m0 scale (r, c), sn = columns rounded up to 8.
+// F3 (LAYOUTS.md §3.1) byte offset of e8m0 scale (r, c), sn = columns rounded up to 8: a row
+// part plus a column part, so that a walk along K computes the row part once.
+__device__ __forceinline__ i64 f3_row_part(i64 r, int sn) {
+  return (r >> 5) * (32 * (i64)sn) + (r & 15) * 4 + ((r >> 4) & 1);
+}
+__device__ __forceinline__ int f3_col_part(int c) {
+  return (c >> 3) * 256 + (c & 3) * 64 + ((c >> 2) & 1) * 2;
+}
 __device__ __forceinline__ i64 f3_offset(i64 r, int c, int sn) {
-  return (r >> 5) * (32 * (i64)sn) + (c >> 3) * 256 + (c & 3) * 64 + (r & 15) * 4 +
-         ((c >> 2) & 1) * 2 + ((r >> 4) & 1);
+  return f3_row_part(r, sn) + f3_col_part(c);
 }
 
 // Byte offset of the e8m0 scale of (expert e, row n, K group kb) of an [E, N, K] matrix with
-// nkb = K / 32 groups per row (src/backend/cpu/weights.rs).
-__device__ __forceinline__ i64 mx_scale_offset(int e, int n, int N, int kb, int nkb) {
+// nkb = K / 32 groups per row (src/backend/cpu/weights.rs): mx_scale_row_part(e, n, N, nkb) +
+// mx_scale_col_part(kb) in every layout.
+__device__ __forceinline__ i64 mx_scale_row_part(int e, int n, int N, int nkb) {
 #if SLAYOUT == SL_AITER_E8M0
-  int sn = (nkb + 7) & ~7;
-  return f3_offset((i64)e * N + n, kb, sn);
+  return f3_row_part((i64)e * N + n, (nkb + 7) & ~7);
 #elif SLAYOUT == SL_CDNA4_SWIZZLE
   int sn = (nkb + 7) & ~7;
-  return (i64)e * ((N + 31) >> 5) * 32 * sn + f3_offset(n, kb, sn);
+  return (i64)e * ((N + 31) >> 5) * 32 * sn + f3_row_part(n, sn);
 #else
-  return ((i64)e * N + n) * nkb + kb;
+  return ((i64)e * N + n) * nkb;
 #endif
+}
+__device__ __forceinline__ int mx_scale_col_part(int kb) {
+#if SLAYOUT == SL_AITER_E8M0 || SLAYOUT == SL_CDNA4_SWIZZLE
+  return f3_col_part(kb);
+#else
+  return kb;
+#endif
+}
+__device__ __forceinline__ i64 mx_scale_offset(int e, int n, int N, int kb, int nkb) {
+  return mx_scale_row_part(e, n, N, nkb) + mx_scale_col_part(kb);
 }
 
 // bf16 group scale of INT4_GROUP32 weight (e, n, k) of an [E, N, K] matrix: plain [E, N, K/32]

@@ -255,6 +255,29 @@ __device__ void moe_gemm_stream(const Params& p) {
     for (int h = 0; h < 2; ++h)
       wrow[t][h] = W + (i64)(row0[t] >> 4) * 16 * kbytes + (gid + 8 * h) * 16;
   }
+#if WFMT == WF_MXFP4
+  // The e8m0 scale byte of this lane's row (tile t, half h) at pack column c.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+  // sm_80 runs the general step copy, which leaves no registers for the row parts below.
+  auto scale_byte = [&](int t, int h, int c) {
+    return S[mx_scale_offset(e, row0[t] + gid + 8 * h, Nst, c, Kst / 32)];
+  };
+#else
+  // The offset's row part once, its column part per step (the whole offset in each step took
+  // ~50 of a two-column-tile step's ~570 instructions, SASS). One pointer and each row's
+  // distance from it (a row group's rows lie within one expert's scales, far under 2^31
+  // bytes apart): 5 registers, not 8.
+  i64 srow0 = mx_scale_row_part(e, row0[0] + gid, Nst, Kst / 32);
+  const u8* sbase = S + srow0;
+  int sdelta[2][2];
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      sdelta[t][h] = (int)(mx_scale_row_part(e, row0[t] + gid + 8 * h, Nst, Kst / 32) - srow0);
+  auto scale_byte = [&](int t, int h, int c) { return sbase[mx_scale_col_part(c) + sdelta[t][h]]; };
+#endif
+#endif
 #if SW_PF_TILE
   // The row group's first K warp asks for both tiles' packs in 16 KiB pieces, one per lane.
   if (kw == 0) {
@@ -390,9 +413,7 @@ __device__ void moe_gemm_stream(const Params& p) {
       for (int t = 0; t < 2; ++t)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          sc.mx[t][h] = live && tile_ok[t]
-                            ? (u32)S[mx_scale_offset(e, row0[t] + gid + 8 * h, Nst, c, Kst / 32)]
-                            : 127u;
+          sc.mx[t][h] = live && tile_ok[t] ? (u32)scale_byte(t, h, c) : 127u;
 #endif
 #if SW_FOLD
       // A step's 64 columns lie in one 128 block of K (the warp's 4 packs of 16).
