@@ -62,11 +62,22 @@
 #ifndef WG_RS
 #define WG_RS 0
 #endif
+// WG_KSPLIT (warp-specialised kernel, 64-row tiles): both MMA warpgroups take the same WG_N
+// weight rows and split K between them (even steps warpgroup 0, odd steps 1), adding their sums
+// through shared memory before warpgroup 0's epilogue. A block then covers WG_N weight rows,
+// not 2 WG_N: twice the work items, each half the bytes, which evens out the last wave where
+// a decode launch has few items per SM (heuristics::wgmma_ksplit).
+#ifndef WG_KSPLIT
+#define WG_KSPLIT 0
+#endif
+#if WG_KSPLIT && (!WG_WS || BM != 64 || WG_N != 128 || FUSED_QUANT2)
+#error "WG_KSPLIT: the warp-specialised kernel on 64-row tiles, WG_N 128, no FUSED_QUANT2"
+#endif
 #if WG_STAGES < 3
 #error "the ring needs 3 stages (copies run WG_STAGES - 2 steps ahead)"
 #endif
 #define WG_ROW 128                   // bytes per operand row per K step
-#define WG_B_ROWS (BM == 128 ? WG_N : 2 * WG_N)  // weight rows of a block
+#define WG_B_ROWS (BM == 128 || WG_KSPLIT ? WG_N : 2 * WG_N)  // weight rows of a block
 #define WG_A_BYTES (BM * WG_ROW)         // activation tile of one stage
 #define WG_B_BYTES (WG_B_ROWS * WG_ROW)  // weight tile of one stage
 // WG_RS: the weights never pass through shared memory, a stage is the activation tile alone.
@@ -252,7 +263,7 @@ __device__ __forceinline__ void wg_mma(float* d, u64 da, u64 db, int acc) {
 // warpgroups take 64 sorted rows each against the same weight rows; on 64-row tiles they share
 // the sorted rows and take WG_N weight rows each.
 __device__ __forceinline__ int wg_a_row0(int wg) { return BM == 128 ? 64 * wg : 0; }
-__device__ __forceinline__ int wg_b_row0(int wg) { return BM == 128 ? 0 : WG_N * wg; }
+__device__ __forceinline__ int wg_b_row0(int wg) { return BM == 128 || WG_KSPLIT ? 0 : WG_N * wg; }
 
 // Whether a warpgroup has MMAs to issue, from the pair of its first row. A tile's real rows
 // come first (route_block), so on 128-row tiles warpgroup 1's 64 rows are all padding when the
@@ -914,7 +925,8 @@ __device__ __forceinline__ void wg_regs_inc() {
 #endif
 }
 #define WG_FULL_ARRIVALS 129  // 128 producer threads' cp.async, plus the TMA's expect_tx
-#define WG_EMPTY_ARRIVALS 8   // one per consumer warp
+// One per consumer warp that reads a stage (WG_KSPLIT: one warpgroup's steps).
+#define WG_EMPTY_ARRIVALS (WG_KSPLIT ? 4 : 8)
 
 __device__ __forceinline__ void cp_async_arrive(u32 bar) {
 #ifdef MP_HOST
@@ -1045,7 +1057,11 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
 #if WG_FOLD
     WgFold<GATED> folder(p, e, n0, b_row0, rows);
 #endif
+#if !WG_FOLD
+    u32 prev = 0;  // ring step of this warpgroup's previous MMAs, released after the next
+#endif
     for (int ks = 0; ks < nk; ++ks, ++it) {
+      if (WG_KSPLIT && (ks & 1) != wg) continue;  // the other warpgroup's step
       int st = it % WG_STAGES;
       mbar_wait(full0 + 8 * st, (it / WG_STAGES) & 1);
       if (!busy) {  // release the stage at once: it stays in step with the ring's phases
@@ -1077,12 +1093,29 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       for (int kk = 0; kk < 4; ++kk) wg_mma(acc, wgmma_desc(sa + 32 * kk), wg_b_desc(sb, kk), 1);
       wgmma_commit();
       wgmma_wait<1>();  // the previous step's MMAs are done: release its stage
-      if (ks > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
+      if (ks > (WG_KSPLIT ? 1 : 0) && lane == 0) mbar_arrive(empty0 + 8 * (prev % WG_STAGES));
+      prev = it;
 #endif
     }
 #if !WG_FOLD
     wgmma_wait<0>();
-    if (busy && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
+    if (busy && lane == 0 && (!WG_KSPLIT || nk > wg)) mbar_arrive(empty0 + 8 * (prev % WG_STAGES));
+#endif
+#if WG_KSPLIT
+    // Warpgroup 1's sums join warpgroup 0's in a fixed order (deterministic); the second
+    // barrier keeps warpgroup 1 from the buffer until warpgroup 0 has read it.
+    __shared__ float s_ksum[WG_ACC][128];  // [accumulator][consumer thread]
+    if (wg == 1) {
+#pragma unroll
+      for (int i = 0; i < WG_ACC; ++i) s_ksum[i][ctid & 127] = acc[i];
+    }
+    wg_consumers_sync();
+    if (wg == 0) {
+#pragma unroll
+      for (int i = 0; i < WG_ACC; ++i) acc[i] += s_ksum[i][ctid];
+    }
+    wg_consumers_sync();
+    if (wg == 1) continue;
 #endif
     wg_epilogue<GATED>(p, e, n0, b_row0, tig, rows, acc);
   }

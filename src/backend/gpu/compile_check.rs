@@ -75,6 +75,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 wgmma_ws: (chosen / 16) % 2 == 0,
                                 wgmma_rs: false, // the default; the opt-in below
                                 wgmma_group: 0,  // ungrouped (MOEPLUG_WGMMA_GROUP=0); grouped below
+                                wgmma_ksplit: false, // the K-split variant below
                                 // the default where the family has it (heuristics)
                                 fused_combine: family.fuses_combine(),
                                 fused_quant2: false, // MOEPLUG_FUSED_QUANT2=0; the default below
@@ -185,6 +186,22 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     .filter(&keep);
                                 short_tiles_made += short_tiles.is_some() as usize;
                                 out.extend(short_tiles);
+                                // The warpgroups splitting K on 64-row tiles (the default where
+                                // a decode launch's last wave is short): that variant of every
+                                // other configuration.
+                                let ksplit = (family == Family::Wgmma && chosen % 2 == 1)
+                                    .then(|| KernelSpec {
+                                        wgmma_tma: true,
+                                        wgmma_ws: true,
+                                        wgmma_ksplit: true,
+                                        wgmma_bm: 64,
+                                        wgmma_n: 128,
+                                        wgmma_blocks: 1,
+                                        fused_quant2: false,
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(ksplit);
                                 // The route kernel quantizing stage 1's activations (the
                                 // default, MOEPLUG_ROUTE_QUANT1): that variant of every other
                                 // configuration it takes.

@@ -109,6 +109,51 @@ pub fn persistent_grid(spec: &KernelSpec, launch: &MoeLaunch, m: usize, topk: us
         || pairs_per_expert < WGMMA_ITEM_GRID_MIN_PAIRS_PER_EXPERT
 }
 
+/// `MOEPLUG_WGMMA_KSPLIT=0|1`: the warp-specialised kernel's warpgroups on their own weight
+/// rows (0) or splitting K over the same rows (1) where the spec allows it; by default
+/// [`wgmma_ksplit`] decides.
+static WGMMA_KSPLIT_PREFERENCE: Lazy<Option<u32>> =
+    Lazy::new(|| env_choice("MOEPLUG_WGMMA_KSPLIT"));
+/// SMs of the H100 / H200 (SXM), whose waves the K split evens out.
+const WGMMA_SMS: f64 = 132.0;
+/// What the K split must save, in the cost model below, to be taken: its two barriers, the
+/// shared-memory add and a serial epilogue per item are not in the model.
+const WGMMA_KSPLIT_MIN_GAIN: f64 = 0.04;
+
+/// Whether `spec` (the warp-specialised kernel on 64-row tiles) runs with its warpgroups
+/// splitting K ([`KernelSpec::wgmma_ksplit`]) for a launch of `m` tokens top-`topk`. Every work
+/// item of a stage costs the same, so a stage takes ceil(items / SMs) item times: at decode a
+/// launch has few items per SM and the last wave is short (Qwen3 at M = 8: ~310 and ~410 items
+/// of 256 weight rows, 3 and 4 waves where 2.35 and 3.1 would do), and a column count that is
+/// not a multiple of 256 leaves a part-empty block (gpt-oss's 2880). Halving the block's rows
+/// doubles the items and halves their time. Taken where that model's time over both stages
+/// (waves x each item's rows x K) drops by [`WGMMA_KSPLIT_MIN_GAIN`].
+pub fn wgmma_ksplit(spec: &KernelSpec, launch: &MoeLaunch, m: usize, topk: usize) -> bool {
+    let split = KernelSpec {
+        wgmma_ksplit: true,
+        ..spec.clone()
+    };
+    if wgmma_spec_unsupported(90, &split).is_some() {
+        return false;
+    }
+    if let Some(v) = *WGMMA_KSPLIT_PREFERENCE {
+        return v != 0;
+    }
+    let l = &launch.config.layout;
+    let tiles = expected_tiles(m, topk, l.num_experts, spec.wgmma_bm as usize);
+    let cost = |block_rows: usize| {
+        let stage = |out_cols: usize, cols_per_block: usize, k: usize| {
+            let items = tiles * out_cols.div_ceil(cols_per_block) as f64;
+            (items / WGMMA_SMS).ceil() * (block_rows * k) as f64
+        };
+        // a stage-1 block's rows are the gate and up rows of half as many columns (WG_COLS1)
+        stage(l.intermediate_size, block_rows / 2, l.hidden_size)
+            + stage(l.hidden_size, block_rows, l.intermediate_size)
+    };
+    let rows = spec.wgmma_block_rows();
+    cost(rows / 2) < cost(rows) * (1.0 - WGMMA_KSPLIT_MIN_GAIN)
+}
+
 /// `MOEPLUG_WGMMA_RS=0|1`: MXFP4 weights decoded into a shared-memory weight tile (the
 /// default) or fed as the register operand of wgmma (opt-in: measured 1-3.5 % slower on
 /// gpt-oss at M = 256-4096, and on 64-row tiles 10 % faster at M <= 1024 but 47 % slower at
@@ -498,6 +543,15 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
     if spec.wgmma_rs && (spec.weight_format != WeightFormat::Mxfp4 || spec.wgmma_tma) {
         return Some("register-operand weights: MXFP4 only, without TMA");
     }
+    // Stage 1's fused quantization needs a block's 128 output columns (one 1x128 group).
+    if spec.wgmma_ksplit
+        && (!spec.wgmma_ws || (spec.wgmma_bm, spec.wgmma_n) != (64, 128) || spec.fused_quant2)
+    {
+        return Some(
+            "warpgroups splitting K: the warp-specialised kernel on 64-row tiles, N 128, \
+             without the fused stage-2 quantization",
+        );
+    }
     None
 }
 
@@ -626,6 +680,7 @@ pub fn spec_for(
         if *FUSED_QUANT2_PREFERENCE && wgmma_spec_unsupported(90, &quant2).is_none() {
             spec = quant2;
         }
+        spec.wgmma_ksplit = wgmma_ksplit(&spec, launch, shape.m, shape.topk);
     }
     Ok(spec)
 }
@@ -1166,6 +1221,42 @@ mod tests {
             );
             // where the wgmma family does not run, stream keeps decode
             assert_eq!(choose("sm_89", &l, &shape), Family::Stream);
+        }
+    }
+
+    #[test]
+    fn wgmma_warpgroups_split_k_where_the_last_wave_of_a_decode_launch_is_short() {
+        // (format, experts, hidden, intermediate, top-k, M, split)
+        let bf16 = WeightFormat::Bf16;
+        let fp8 = WeightFormat::Fp8Block128;
+        let cases = [
+            // Qwen3 M = 8: ~52 tiles x 6 / 8 column blocks of 256 rows: 3 and 4 waves where
+            // 2.5 and 3.5 do with 128-row blocks
+            (bf16, 128, 2048, 768, 8, 8, true),
+            // Qwen3 M = 16: 2.8 -> 3 and 3.7 -> 4 waves, within the margin of 2.5 / 3.5
+            (bf16, 128, 2048, 768, 8, 16, false),
+            // gpt-oss: 2880 columns leave a part-empty 256-row block in stage 2
+            (bf16, 128, 2880, 2880, 4, 64, true),
+            // fp8 block-128 keeps the fused stage-2 quantization (a block's 128 columns)
+            (fp8, 128, 2048, 768, 8, 8, false),
+            // 128-row tiles: no split
+            (bf16, 128, 2048, 768, 8, 4096, false),
+        ];
+        for (format, experts, h, i, topk, m, want) in cases {
+            let l = model_launch(format, experts, h, i, m);
+            let shape = LaunchShape {
+                m,
+                topk,
+                hidden_cols: h,
+                output_cols: h,
+                weight_elem: l.w13.elem,
+            };
+            let spec = spec_for("sm_90", &l, &shape, FamilySet::all()).unwrap();
+            assert_eq!(spec.family, Family::Wgmma, "{format:?} H={h} M={m}");
+            assert_eq!(spec.wgmma_ksplit, want, "{format:?} H={h} M={m}");
+            if want {
+                assert_eq!(spec.wgmma_block_rows(), 128);
+            }
         }
     }
 

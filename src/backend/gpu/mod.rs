@@ -823,6 +823,7 @@ fn default_spec() -> spec::KernelSpec {
         wgmma_ws: false,
         wgmma_rs: false,
         wgmma_group: 0,
+        wgmma_ksplit: false,
         fused_combine: false,
         fused_quant2: false,
         route_quant1: false,

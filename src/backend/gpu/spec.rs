@@ -246,6 +246,10 @@ pub struct KernelSpec {
     /// g consecutive tiles before the next g tiles, so a tile's activation rows are read again
     /// while they are in the L2.
     pub wgmma_group: u32,
+    /// Wgmma family, warp-specialised on 64-row tiles: both MMA warpgroups take the same
+    /// `wgmma_n` weight rows and split K (`WG_KSPLIT`), so a block covers half the rows and a
+    /// launch has twice the work items ([`heuristics::wgmma_ksplit`]).
+    pub wgmma_ksplit: bool,
     /// The top-k combine runs at the end of stage 2 instead of as `moe_reduce`
     /// (`FUSED_COMBINE`; [`Family::fuses_combine`] families on CUDA only).
     pub fused_combine: bool,
@@ -289,6 +293,7 @@ impl KernelSpec {
             wgmma_ws: false,
             wgmma_rs: false,
             wgmma_group: 0,
+            wgmma_ksplit: false,
             fused_combine: false,
             fused_quant2: false,
             route_quant1: false,
@@ -363,7 +368,7 @@ impl KernelSpec {
     /// and take `wgmma_n` each on 64-row tiles; with `wgmma_rs` 64 each, so 128 either way).
     pub fn wgmma_block_rows(&self) -> usize {
         let n = self.wgmma_n as usize;
-        if self.wgmma_bm == 128 {
+        if self.wgmma_bm == 128 || self.wgmma_ksplit {
             n
         } else {
             2 * n
@@ -391,15 +396,29 @@ impl KernelSpec {
     /// memory holds for `wgmma_blocks` blocks (at most 5; 6 warp-specialised; 8 with register
     /// weights, whose 16 KiB stages are the only copies in flight).
     fn wgmma_stages(&self) -> usize {
-        let per_block = 227 * 1024 / self.wgmma_blocks.max(1) as usize - 1024;
+        let per_block = 227 * 1024 / self.wgmma_blocks.max(1) as usize
+            - 1024
+            - self.wgmma_ksplit_bytes();
         let most = if self.wgmma_rs {
             8
+        } else if self.wgmma_ksplit {
+            7 // half-height stages: about as many weight bytes in flight as 5 full ones
         } else if self.wgmma_ws {
             6
         } else {
             5
         };
         (per_block / self.wgmma_stage_bytes()).min(most)
+    }
+
+    /// Wgmma family: the static buffer through which `WG_KSPLIT`'s second warpgroup hands its
+    /// sums to the first (128 threads x `wgmma_n / 2` floats).
+    fn wgmma_ksplit_bytes(&self) -> usize {
+        if self.wgmma_ksplit {
+            128 * self.wgmma_n as usize / 2 * 4
+        } else {
+            0
+        }
     }
 
     /// Dynamic shared memory of each GEMM block: the wgmma family's ring, plus 1 KiB to align
@@ -507,6 +526,7 @@ impl KernelSpec {
             d.push(format!("WG_WS={}", b(self.wgmma_ws)));
             d.push(format!("WG_RS={}", b(self.wgmma_rs)));
             d.push(format!("WG_GROUP={}", self.wgmma_group));
+            d.push(format!("WG_KSPLIT={}", b(self.wgmma_ksplit)));
             d.push(format!("FUSED_QUANT2={}", b(self.fused_quant2)));
         }
         d

@@ -1,0 +1,37 @@
+"""The warp-specialised wgmma kernel on 64-row tiles can split K between its two MMA
+warpgroups (heuristics::wgmma_ksplit, on by default where a decode launch's last wave is short):
+both take the same weight rows, warpgroup 1 hands its sums to warpgroup 0 through shared
+memory. MOEPLUG_WGMMA_KSPLIT, read once per process, forces it on or off (each setting in a
+fresh process, `child`). Each setting is checked against the CPU backend, repeated for the
+same bits and replayed in a CUDA graph; the two settings add K in another order, so their bits
+may differ. fp8 block-128 runs without the fused stage-2 quantization (which needs a block's
+128 output columns, and so the whole weight rows of both warpgroups)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_fused_combine import case_kwargs, checked_outputs  # noqa: E402
+from test_fused_moe import assert_replays_give, capture_graph, run_child, run_moe  # noqa: E402
+
+FORMATS = ["bf16", "fp16", "fp8_block128", "fp8_per_channel"]
+MS = [1, 7, 300]
+REPLAYED = ("bf16", 7, "ep")
+
+
+def child(path):
+    outs = checked_outputs(FORMATS, MS)
+    fmt, M, option = REPLAYED
+    out, _, st = run_moe(fmt, **case_kwargs(fmt, M, option))
+    assert_replays_give(capture_graph(st), st, out)
+    torch.save(dict(outs=outs), path)
+
+
+@pytest.mark.parametrize("ksplit", ["1", "0"])
+def test_warpgroups_splitting_k_match_the_cpu_backend(tmp_path, ksplit):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma family runs on sm_90 only")
+    run = run_child("test_wgmma_ksplit", tmp_path / f"k{ksplit}.pt",
+                    {"MOEPLUG_WGMMA_KSPLIT": ksplit, "MOEPLUG_WGMMA_BM": "64",
+                     "MOEPLUG_FUSED_QUANT2": "0", "MOEPLUG_GPU_FAMILY": "wgmma"})
+    assert len(run["outs"]) == len(FORMATS) * len(MS) * 3
