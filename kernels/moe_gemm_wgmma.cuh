@@ -70,8 +70,8 @@
 #ifndef WG_KSPLIT
 #define WG_KSPLIT 0
 #endif
-#if WG_KSPLIT && (!WG_WS || BM != 64 || WG_N != 128 || FUSED_QUANT2)
-#error "WG_KSPLIT: the warp-specialised kernel on 64-row tiles, WG_N 128, no FUSED_QUANT2"
+#if WG_KSPLIT && (!WG_WS || BM != 64 || WG_N != 128 || FUSED_QUANT2 || WG_STAGES % 2)
+#error "WG_KSPLIT: the warp-specialised kernel on 64-row tiles, WG_N 128, no FUSED_QUANT2, even stages"
 #endif
 #if WG_STAGES < 3
 #error "the ring needs 3 stages (copies run WG_STAGES - 2 steps ahead)"
@@ -983,6 +983,12 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
   int Nst = GATED ? 2 * p.Ip : p.Hp;
   i64 kbytes = (i64)K * WG_ESIZE;
   int nk = (K + WG_KSTEP - 1) / WG_KSTEP;
+  // WG_KSPLIT: ring steps per item rounded up to even (an odd K's last step is a phantom the
+  // producer completes without copies), so that with an even ring every stage has one owner,
+  // warpgroup (stage & 1), and each warpgroup waits on its stages' phases in order. (A
+  // warpgroup taking every other step of an odd ring would wait on a stage two phases ahead of
+  // where the barrier is, and its parity would pass on the older phase.)
+  int nk_ring = WG_KSPLIT ? (nk + 1) & ~1 : nk;
   const int* sorted = (const int*)p.sorted_rows;
   const int* tile_expert = (const int*)p.tile_expert;
   // PDL_EARLY: the weight tiles of the first work item's first ring stages (free on the first
@@ -1014,10 +1020,15 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       for (int i = 0; i < BM / 16; ++i)
         asrc[i] = wg_act_row<GATED>(p, sorted[tile * BM + (tid >> 3) + 16 * i], K);
       int group = wg_tma_group<GATED>(e, Nst, n0);
-      for (int ks = 0; ks < nk; ++ks, ++it) {
+      for (int ks = 0; ks < nk_ring; ++ks, ++it) {
         int st = it % WG_STAGES;
         mbar_wait(empty0 + 8 * st, ((it / WG_STAGES) & 1) ^ 1);  // first pass: free
         u32 sa = base + (u32)st * WG_STAGE_BYTES, bar = full0 + 8 * st;
+        if (ks >= nk) {  // WG_KSPLIT's phantom step: the 129 arrivals, no copies
+          if (tid == 0) mbar_arrive(bar);
+          cp_async_arrive(bar);
+          continue;
+        }
         if (tid == 0 && it >= early)  // the first `early` steps' copies started before the wait
           tma_load_weights<GATED>(sa + WG_A_BYTES, wmap, group, ks, bar);
 #pragma unroll
@@ -1060,11 +1071,11 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
 #if !WG_FOLD
     u32 prev = 0;  // ring step of this warpgroup's previous MMAs, released after the next
 #endif
-    for (int ks = 0; ks < nk; ++ks, ++it) {
+    for (int ks = 0; ks < nk_ring; ++ks, ++it) {
       if (WG_KSPLIT && (ks & 1) != wg) continue;  // the other warpgroup's step
       int st = it % WG_STAGES;
       mbar_wait(full0 + 8 * st, (it / WG_STAGES) & 1);
-      if (!busy) {  // release the stage at once: it stays in step with the ring's phases
+      if (!busy || ks >= nk) {  // (ks >= nk: WG_KSPLIT's phantom step)  // release the stage at once: it stays in step with the ring's phases
         // Every lane has seen the phase complete before lane 0 lets the producer refill the
         // stage: a lane still waiting when the barrier completes its next phase too would
         // wait for ever (the busy path converges in its MMAs; diverged lanes, as the host

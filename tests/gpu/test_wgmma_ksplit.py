@@ -12,15 +12,26 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from test_fused_combine import case_kwargs, checked_outputs  # noqa: E402
-from test_fused_moe import assert_replays_give, capture_graph, run_child, run_moe  # noqa: E402
+from test_fused_moe import (  # noqa: E402
+    assert_close, assert_replays_give, capture_graph, run_child, run_moe)
 
 FORMATS = ["bf16", "fp16", "fp8_block128", "fp8_per_channel"]
 MS = [1, 7, 300]
 REPLAYED = ("bf16", 7, "ep")
+# Long items on several per SM: 16 (bf16) K steps against the ring's 6 stages, ~190 items per
+# stage, so each warpgroup's stages go round many times (a ring whose steps alternate between
+# the warpgroups must still give each its stages' phases in order).
+LONG = [("bf16", dict(E=8, k=3, H=1024, I=512, M=1000, seed=5)),
+        ("fp8_block128", dict(E=8, k=3, H=1024, I=384, M=1000, seed=6))]
 
 
 def child(path):
     outs = checked_outputs(FORMATS, MS)
+    for fmt, kw in LONG:
+        out, ref, st = run_moe(fmt, **kw)
+        assert_close(out, ref, None, st)
+        again, _, _ = run_moe(fmt, m=st["m"], **kw)
+        assert torch.equal(again, out), f"{fmt} {kw}: not repeatable"
     fmt, M, option = REPLAYED
     out, _, st = run_moe(fmt, **case_kwargs(fmt, M, option))
     assert_replays_give(capture_graph(st), st, out)

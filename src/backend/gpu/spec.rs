@@ -401,9 +401,8 @@ impl KernelSpec {
             - self.wgmma_ksplit_bytes();
         let most = if self.wgmma_rs {
             8
-        } else if self.wgmma_ksplit {
-            7 // half-height stages: about as many weight bytes in flight as 5 full ones
         } else if self.wgmma_ws {
+            // (WG_KSPLIT needs an even count: each warpgroup owns every other stage)
             6
         } else {
             5
