@@ -65,8 +65,8 @@
 // WG_KSPLIT (warp-specialised kernel, 64-row tiles): both MMA warpgroups take the same WG_N
 // weight rows and split K between them (even steps warpgroup 0, odd steps 1), adding their sums
 // through shared memory before warpgroup 0's epilogue. A block then covers WG_N weight rows,
-// not 2 WG_N: twice the work items, each half the bytes, which evens out the last wave where
-// a decode launch has few items per SM (heuristics::wgmma_ksplit).
+// not 2 WG_N: twice the work items, each half the bytes, to even out a short last wave. An
+// opt-in (heuristics::wgmma_ksplit): 0.99-1.06x on the H100 (bench/NOTES.md, session 20).
 #ifndef WG_KSPLIT
 #define WG_KSPLIT 0
 #endif

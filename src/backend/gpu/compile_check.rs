@@ -73,8 +73,8 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 wgmma_blocks: [1, 2][(chosen / 4) % 2],
                                 wgmma_tma: (chosen / 8) % 2 == 0,
                                 wgmma_ws: (chosen / 16) % 2 == 0,
-                                wgmma_rs: false, // the default; the opt-in below
-                                wgmma_group: 0,  // ungrouped (MOEPLUG_WGMMA_GROUP=0); grouped below
+                                wgmma_rs: false,     // the default; the opt-in below
+                                wgmma_group: 0, // ungrouped (MOEPLUG_WGMMA_GROUP=0); grouped below
                                 wgmma_ksplit: false, // the K-split variant below
                                 // the default where the family has it (heuristics)
                                 fused_combine: family.fuses_combine(),
@@ -186,9 +186,9 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     .filter(&keep);
                                 short_tiles_made += short_tiles.is_some() as usize;
                                 out.extend(short_tiles);
-                                // The warpgroups splitting K on 64-row tiles (the default where
-                                // a decode launch's last wave is short): that variant of every
-                                // other configuration.
+                                // The warpgroups splitting K on 64-row tiles (an opt-in,
+                                // MOEPLUG_WGMMA_KSPLIT=1): that variant of every other
+                                // configuration.
                                 let ksplit = (family == Family::Wgmma && chosen % 2 == 1)
                                     .then(|| KernelSpec {
                                         wgmma_tma: true,

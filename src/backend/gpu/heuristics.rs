@@ -109,49 +109,23 @@ pub fn persistent_grid(spec: &KernelSpec, launch: &MoeLaunch, m: usize, topk: us
         || pairs_per_expert < WGMMA_ITEM_GRID_MIN_PAIRS_PER_EXPERT
 }
 
-/// `MOEPLUG_WGMMA_KSPLIT=0|1`: the warp-specialised kernel's warpgroups on their own weight
-/// rows (0) or splitting K over the same rows (1) where the spec allows it; by default
-/// [`wgmma_ksplit`] decides.
-static WGMMA_KSPLIT_PREFERENCE: Lazy<Option<u32>> =
-    Lazy::new(|| env_choice("MOEPLUG_WGMMA_KSPLIT"));
-/// SMs of the H100 / H200 (SXM), whose waves the K split evens out.
-const WGMMA_SMS: f64 = 132.0;
-/// What the K split must save, in the cost model below, to be taken: its two barriers, the
-/// shared-memory add and a serial epilogue per item are not in the model.
-const WGMMA_KSPLIT_MIN_GAIN: f64 = 0.04;
+/// `MOEPLUG_WGMMA_KSPLIT=1`: the warp-specialised kernel's warpgroups split K over the same
+/// weight rows ([`KernelSpec::wgmma_ksplit`]) where the spec allows it (an opt-in). A wave model
+/// (a stage takes ceil(items / 132) item times; halving a block's rows doubles its items)
+/// predicted 0.85-0.90x at Qwen3 bf16 M = 8, where ncu had the stages at 72 / 68 % of the DRAM
+/// rate alone; on the H100 it measured 0.99x there, 0.99x at gpt-oss bf16 M = 32-512, and
+/// 1.02x / 1.06x at gpt-oss M = 4 / 1024 (bench/NOTES.md, session 20): in a launch the next
+/// stage's early weight copies (PDL) fill the short last wave that ncu sees alone.
+static WGMMA_KSPLIT_PREFERENCE: Lazy<bool> =
+    Lazy::new(|| std::env::var("MOEPLUG_WGMMA_KSPLIT").is_ok_and(|v| v.trim() == "1"));
 
-/// Whether `spec` (the warp-specialised kernel on 64-row tiles) runs with its warpgroups
-/// splitting K ([`KernelSpec::wgmma_ksplit`]) for a launch of `m` tokens top-`topk`. Every work
-/// item of a stage costs the same, so a stage takes ceil(items / SMs) item times: at decode a
-/// launch has few items per SM and the last wave is short (Qwen3 at M = 8: ~310 and ~410 items
-/// of 256 weight rows, 3 and 4 waves where 2.35 and 3.1 would do), and a column count that is
-/// not a multiple of 256 leaves a part-empty block (gpt-oss's 2880). Halving the block's rows
-/// doubles the items and halves their time. Taken where that model's time over both stages
-/// (waves x each item's rows x K) drops by [`WGMMA_KSPLIT_MIN_GAIN`].
-pub fn wgmma_ksplit(spec: &KernelSpec, launch: &MoeLaunch, m: usize, topk: usize) -> bool {
+/// Whether `spec` runs with its warpgroups splitting K: asked for, and covered.
+pub fn wgmma_ksplit(spec: &KernelSpec) -> bool {
     let split = KernelSpec {
         wgmma_ksplit: true,
         ..spec.clone()
     };
-    if wgmma_spec_unsupported(90, &split).is_some() {
-        return false;
-    }
-    if let Some(v) = *WGMMA_KSPLIT_PREFERENCE {
-        return v != 0;
-    }
-    let l = &launch.config.layout;
-    let tiles = expected_tiles(m, topk, l.num_experts, spec.wgmma_bm as usize);
-    let cost = |block_rows: usize| {
-        let stage = |out_cols: usize, cols_per_block: usize, k: usize| {
-            let items = tiles * out_cols.div_ceil(cols_per_block) as f64;
-            (items / WGMMA_SMS).ceil() * (block_rows * k) as f64
-        };
-        // a stage-1 block's rows are the gate and up rows of half as many columns (WG_COLS1)
-        stage(l.intermediate_size, block_rows / 2, l.hidden_size)
-            + stage(l.hidden_size, block_rows, l.intermediate_size)
-    };
-    let rows = spec.wgmma_block_rows();
-    cost(rows / 2) < cost(rows) * (1.0 - WGMMA_KSPLIT_MIN_GAIN)
+    *WGMMA_KSPLIT_PREFERENCE && wgmma_spec_unsupported(90, &split).is_none()
 }
 
 /// `MOEPLUG_WGMMA_RS=0|1`: MXFP4 weights decoded into a shared-memory weight tile (the
@@ -680,7 +654,7 @@ pub fn spec_for(
         if *FUSED_QUANT2_PREFERENCE && wgmma_spec_unsupported(90, &quant2).is_none() {
             spec = quant2;
         }
-        spec.wgmma_ksplit = wgmma_ksplit(&spec, launch, shape.m, shape.topk);
+        spec.wgmma_ksplit = wgmma_ksplit(&spec);
     }
     Ok(spec)
 }
@@ -1221,42 +1195,6 @@ mod tests {
             );
             // where the wgmma family does not run, stream keeps decode
             assert_eq!(choose("sm_89", &l, &shape), Family::Stream);
-        }
-    }
-
-    #[test]
-    fn wgmma_warpgroups_split_k_where_the_last_wave_of_a_decode_launch_is_short() {
-        // (format, experts, hidden, intermediate, top-k, M, split)
-        let bf16 = WeightFormat::Bf16;
-        let fp8 = WeightFormat::Fp8Block128;
-        let cases = [
-            // Qwen3 M = 8: ~52 tiles x 6 / 8 column blocks of 256 rows: 3 and 4 waves where
-            // 2.5 and 3.5 do with 128-row blocks
-            (bf16, 128, 2048, 768, 8, 8, true),
-            // Qwen3 M = 16: 2.8 -> 3 and 3.7 -> 4 waves, within the margin of 2.5 / 3.5
-            (bf16, 128, 2048, 768, 8, 16, false),
-            // gpt-oss: 2880 columns leave a part-empty 256-row block in stage 2
-            (bf16, 128, 2880, 2880, 4, 64, true),
-            // fp8 block-128 keeps the fused stage-2 quantization (a block's 128 columns)
-            (fp8, 128, 2048, 768, 8, 8, false),
-            // 128-row tiles: no split
-            (bf16, 128, 2048, 768, 8, 4096, false),
-        ];
-        for (format, experts, h, i, topk, m, want) in cases {
-            let l = model_launch(format, experts, h, i, m);
-            let shape = LaunchShape {
-                m,
-                topk,
-                hidden_cols: h,
-                output_cols: h,
-                weight_elem: l.w13.elem,
-            };
-            let spec = spec_for("sm_90", &l, &shape, FamilySet::all()).unwrap();
-            assert_eq!(spec.family, Family::Wgmma, "{format:?} H={h} M={m}");
-            assert_eq!(spec.wgmma_ksplit, want, "{format:?} H={h} M={m}");
-            if want {
-                assert_eq!(spec.wgmma_block_rows(), 128);
-            }
         }
     }
 

@@ -122,8 +122,7 @@ pub fn tested_specs(vendor: Vendor, arch: &str) -> Vec<KernelSpec> {
             ..problem_spec()
         };
         // The wgmma family runs its warp-specialised TMA kernel where launches would, on both
-        // tile heights launches take (64 rows at few pairs per expert, 128 at many), and on
-        // 64-row tiles with its warpgroups splitting K (decode's short last waves).
+        // tile heights launches take (64 rows at few pairs per expert, 128 at many).
         let ws = |rows: u32| KernelSpec {
             wgmma_tma: true,
             wgmma_ws: true,
@@ -133,14 +132,7 @@ pub fn tested_specs(vendor: Vendor, arch: &str) -> Vec<KernelSpec> {
         let ws_ok = |s: &KernelSpec| {
             family == Family::Wgmma && sm_version(arch).is_some_and(|sm| selectable(sm, s))
         };
-        let ksplit = KernelSpec {
-            wgmma_ksplit: true,
-            ..ws(64)
-        };
-        let shapes: Vec<KernelSpec> = [ws(128), ws(64), ksplit]
-            .into_iter()
-            .filter(ws_ok)
-            .collect();
+        let shapes: Vec<KernelSpec> = [ws(128), ws(64)].into_iter().filter(ws_ok).collect();
         if shapes.is_empty() {
             specs.push(spec);
         } else {

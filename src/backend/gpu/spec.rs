@@ -248,7 +248,7 @@ pub struct KernelSpec {
     pub wgmma_group: u32,
     /// Wgmma family, warp-specialised on 64-row tiles: both MMA warpgroups take the same
     /// `wgmma_n` weight rows and split K (`WG_KSPLIT`), so a block covers half the rows and a
-    /// launch has twice the work items ([`heuristics::wgmma_ksplit`]).
+    /// launch has twice the work items (an opt-in: [`heuristics::wgmma_ksplit`]).
     pub wgmma_ksplit: bool,
     /// The top-k combine runs at the end of stage 2 instead of as `moe_reduce`
     /// (`FUSED_COMBINE`; [`Family::fuses_combine`] families on CUDA only).
@@ -396,9 +396,8 @@ impl KernelSpec {
     /// memory holds for `wgmma_blocks` blocks (at most 5; 6 warp-specialised; 8 with register
     /// weights, whose 16 KiB stages are the only copies in flight).
     fn wgmma_stages(&self) -> usize {
-        let per_block = 227 * 1024 / self.wgmma_blocks.max(1) as usize
-            - 1024
-            - self.wgmma_ksplit_bytes();
+        let per_block =
+            227 * 1024 / self.wgmma_blocks.max(1) as usize - 1024 - self.wgmma_ksplit_bytes();
         let most = if self.wgmma_rs {
             8
         } else if self.wgmma_ws {
