@@ -1075,7 +1075,9 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       if (WG_KSPLIT && (ks & 1) != wg) continue;  // the other warpgroup's step
       int st = it % WG_STAGES;
       mbar_wait(full0 + 8 * st, (it / WG_STAGES) & 1);
-      if (!busy || ks >= nk) {  // (ks >= nk: WG_KSPLIT's phantom step)  // release the stage at once: it stays in step with the ring's phases
+      // Release the stage at once (an idle warpgroup, or WG_KSPLIT's phantom step past K): it
+      // stays in step with the ring's phases.
+      if (!busy || ks >= nk) {
         // Every lane has seen the phase complete before lane 0 lets the producer refill the
         // stage: a lane still waiting when the barrier completes its next phase too would
         // wait for ever (the busy path converges in its MMAs; diverged lanes, as the host

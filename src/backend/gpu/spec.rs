@@ -365,7 +365,8 @@ impl KernelSpec {
     }
 
     /// Wgmma family: weight rows of a block (the two warpgroups share them on 128-row tiles
-    /// and take `wgmma_n` each on 64-row tiles; with `wgmma_rs` 64 each, so 128 either way).
+    /// and take `wgmma_n` each on 64-row tiles, or share them there too when they split K;
+    /// with `wgmma_rs` 64 each, so 128 either way).
     pub fn wgmma_block_rows(&self) -> usize {
         let n = self.wgmma_n as usize;
         if self.wgmma_bm == 128 || self.wgmma_ksplit {
@@ -394,19 +395,24 @@ impl KernelSpec {
 
     /// Wgmma family: stages of its cp.async ring, as many as the SM's 227 KiB of shared
     /// memory holds for `wgmma_blocks` blocks (at most 5; 6 warp-specialised; 8 with register
-    /// weights, whose 16 KiB stages are the only copies in flight).
+    /// weights, whose 16 KiB stages are the only copies in flight; an even count where the
+    /// warpgroups split K, each owning every other stage).
     fn wgmma_stages(&self) -> usize {
         let per_block =
             227 * 1024 / self.wgmma_blocks.max(1) as usize - 1024 - self.wgmma_ksplit_bytes();
         let most = if self.wgmma_rs {
             8
         } else if self.wgmma_ws {
-            // (WG_KSPLIT needs an even count: each warpgroup owns every other stage)
             6
         } else {
             5
         };
-        (per_block / self.wgmma_stage_bytes()).min(most)
+        let stages = (per_block / self.wgmma_stage_bytes()).min(most);
+        if self.wgmma_ksplit {
+            stages & !1
+        } else {
+            stages
+        }
     }
 
     /// Wgmma family: the static buffer through which `WG_KSPLIT`'s second warpgroup hands its
