@@ -71,7 +71,7 @@
 #define WG_KSPLIT 0
 #endif
 #if WG_KSPLIT && (!WG_WS || BM != 64 || WG_N != 128 || FUSED_QUANT2 || WG_STAGES % 2)
-#error "WG_KSPLIT: the warp-specialised kernel on 64-row tiles, WG_N 128, no FUSED_QUANT2, even stages"
+#error "WG_KSPLIT: warp-specialised, 64-row tiles, WG_N 128, no FUSED_QUANT2, even stages"
 #endif
 #if WG_STAGES < 3
 #error "the ring needs 3 stages (copies run WG_STAGES - 2 steps ahead)"
@@ -1069,7 +1069,8 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
     WgFold<GATED> folder(p, e, n0, b_row0, rows);
 #endif
 #if !WG_FOLD
-    u32 prev = 0;  // ring step of this warpgroup's previous MMAs, released after the next
+    int prev = -1;  // ring step of this warpgroup's previous MMAs in this item (released after
+                    // the next's wait), -1 before its first
 #endif
     for (int ks = 0; ks < nk_ring; ++ks, ++it) {
       if (WG_KSPLIT && (ks & 1) != wg) continue;  // the other warpgroup's step
@@ -1106,13 +1107,13 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       for (int kk = 0; kk < 4; ++kk) wg_mma(acc, wgmma_desc(sa + 32 * kk), wg_b_desc(sb, kk), 1);
       wgmma_commit();
       wgmma_wait<1>();  // the previous step's MMAs are done: release its stage
-      if (ks > (WG_KSPLIT ? 1 : 0) && lane == 0) mbar_arrive(empty0 + 8 * (prev % WG_STAGES));
-      prev = it;
+      if (prev >= 0 && lane == 0) mbar_arrive(empty0 + 8 * (prev % WG_STAGES));
+      prev = (int)it;
 #endif
     }
 #if !WG_FOLD
     wgmma_wait<0>();
-    if (busy && lane == 0 && (!WG_KSPLIT || nk > wg)) mbar_arrive(empty0 + 8 * (prev % WG_STAGES));
+    if (prev >= 0 && lane == 0) mbar_arrive(empty0 + 8 * (prev % WG_STAGES));
 #endif
 #if WG_KSPLIT
     // Warpgroup 1's sums join warpgroup 0's in a fixed order (deterministic); the second

@@ -5,8 +5,8 @@ wgmma) and MOEPLUG_FUSED_QUANT2 (the wgmma stage-1 epilogue writes stage 2's fp8
 input; each stream stage-2 block quantizes its tile's rows, fp8 per token or 1x128). Each
 gives the same output bits as moe_quant1 / moe_quant2, one launch fewer each, with the expert
 mask, padded columns and a partial last 128-column group (I = 160), run after run and in CUDA
-graph replays. The wgmma warpgroups do not split K here (MOEPLUG_WGMMA_KSPLIT=0, the default): split, they
-add K in another order."""
+graph replays. The wgmma warpgroups do not split K here (MOEPLUG_WGMMA_KSPLIT=0, the
+default): split, they add K in another order."""
 
 import os
 

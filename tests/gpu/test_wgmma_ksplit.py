@@ -1,10 +1,11 @@
 """The warp-specialised wgmma kernel on 64-row tiles can split K between its two MMA
 warpgroups (an opt-in, MOEPLUG_WGMMA_KSPLIT=1, read once per process: each setting runs in a
 fresh process, `child`): both take the same weight rows, warpgroup 1 hands its sums to
-warpgroup 0 through shared memory. Each setting is checked against the CPU backend, repeated for the
-same bits and replayed in a CUDA graph; the two settings add K in another order, so their bits
-may differ. fp8 block-128 runs without the fused stage-2 quantization (which needs a block's
-128 output columns, and so the whole weight rows of both warpgroups)."""
+warpgroup 0 through shared memory. Each setting is checked against the CPU backend,
+repeated for the same bits and replayed in a CUDA graph; the two settings add K in another
+order, so their bits may differ. fp8 block-128 runs without the fused stage-2 quantization
+(which needs a block's 128 output columns, and so the whole weight rows of both
+warpgroups)."""
 
 import pytest
 
