@@ -106,8 +106,9 @@ fn print_emulated(archs: &[String]) {
                 ..spec
             };
             let wg = spec.family == Family::Wgmma;
-            // Wgmma with TMA weight tiles (and warp specialisation where it has it), as listed.
-            let tma = (wg && spec.wgmma_tma).then(|| spec.clone());
+            // Wgmma with TMA weight tiles or warp specialisation (MXFP4's without TMA), as
+            // listed.
+            let listed = (wg && (spec.wgmma_tma || spec.wgmma_ws)).then(|| spec.clone());
             // Wgmma: the cp.async kernel, weight tiles without TMA and without warp
             // specialisation (the launch's fallback where the driver has no tensor-map encoder).
             let spec = KernelSpec {
@@ -131,7 +132,7 @@ fn print_emulated(archs: &[String]) {
             } else {
                 vec![spec]
             };
-            for spec in shapes.into_iter().chain(tma) {
+            for spec in shapes.into_iter().chain(listed) {
                 // The twin quantizes with moe_quant1 / moe_quant2, so a family's folded
                 // quantizations are checked against the kernels they replace.
                 let twin = KernelSpec {

@@ -25,6 +25,12 @@ __device__ __forceinline__ u64 wgmma_desc_plain(u32 addr, u32 kstride) {
   return (u64)((addr & 0x3FFFFu) >> 4) | (u64)(kstride >> 4) << 16 | (u64)(128 >> 4) << 32;
 }
 
+// `desc` moved `bytes` (a multiple of 16) further: the start address is the low field, in
+// units of 16 bytes, and shared memory ends below 256 KiB, so the add never carries out of
+// it. A loop over K slices computes one descriptor and adds, where the descriptor of each
+// slice's address took ~14 instructions per MMA pair in the SASS (masks, shifts, moves).
+__device__ __forceinline__ u64 wgmma_desc_add(u64 desc, u32 bytes) { return desc + (bytes >> 4); }
+
 #ifdef MP_HOST
 // Compiled as host C++ by the emulator: the same functions, computed from the PTX ISA's
 // descriptor, layout and fragment definitions (scripts/emu/mma_sm90_host.cuh).

@@ -80,10 +80,17 @@
 #define WG_B_ROWS (BM == 128 || WG_KSPLIT ? WG_N : 2 * WG_N)  // weight rows of a block
 #define WG_A_BYTES (BM * WG_ROW)         // activation tile of one stage
 #define WG_B_BYTES (WG_B_ROWS * WG_ROW)  // weight tile of one stage
-// WG_RS: the weights never pass through shared memory, a stage is the activation tile alone.
-#define WG_STAGE_BYTES (WG_RS ? WG_A_BYTES : WG_A_BYTES + WG_B_BYTES)
 #define WG_ESIZE (ACT_Q ? 1 : 2)     // operand bytes per value
 #define WG_MX4 (WFMT == WF_MXFP4)    // weights decoded to bf16 into the weight tile
+// MXFP4 on the warp-specialised kernel (WG_MX4_WS): a stage holds the activations and the
+// packed codes (32 bytes per weight row and step, [16-byte chunk][row]); the consumers decode
+// the codes into one of WG_DEC_TILES bf16 weight tiles after the ring and multiply from there.
+#define WG_MX4_WS (WG_MX4 && WG_WS)
+#define WG_PACK_BYTES (WG_B_ROWS * 32)
+#define WG_DEC_TILES (WG_MX4_WS ? 3 : 0)
+// WG_RS: the weights never pass through shared memory, a stage is the activation tile alone.
+#define WG_STAGE_BYTES \
+  (WG_RS ? WG_A_BYTES : WG_A_BYTES + (WG_MX4_WS ? WG_PACK_BYTES : WG_B_BYTES))
 #if WG_MX4 && (ACT_Q || ACT_F16 || WG_B_ROWS != 128)
 #error "MXFP4 weights: bf16 activations, 128 weight rows per block (one pack per thread)"
 #endif
@@ -100,11 +107,11 @@
 #if WG_KSCALE && (ACT_Q != AD_FP8_BLOCK128 || WG_KSTEP != 128)
 #error "fp8 block-128 weights run with fp8 block-128 activations (one scale block per step)"
 #endif
-#define WG_A_CHUNKS (WG_A_BYTES / 16 / THREADS)  // 16-byte copies per thread per step
 #define WG_B_CHUNKS (WG_B_BYTES / 16 / THREADS)
 #define WG_ACC (WG_N / 2)  // accumulator registers per thread
-#if WG_SMEM_BYTES < WG_STAGES * WG_STAGE_BYTES + 1024  // + 1024: the base is aligned up
-#error "WG_SMEM_BYTES does not hold the ring"
+// + 1024: the base is aligned up
+#if WG_SMEM_BYTES < WG_STAGES * WG_STAGE_BYTES + WG_DEC_TILES * WG_B_BYTES + 1024
+#error "WG_SMEM_BYTES does not hold the ring (and the decoded weight tiles)"
 #endif
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
@@ -121,6 +128,17 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) 
   emu_cp_async(dst, src, bytes);  // scripts/emu/mma_sm90_host.cuh
 #else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+#endif
+}
+// cp_async16 with the zero fill as a predicate (the instruction's ignore-src operand): zeros
+// when `zero`, without a select of the byte count.
+__device__ __forceinline__ void cp_async16_or_zero(u32 dst, const void* src, bool zero) {
+#ifdef MP_HOST
+  emu_cp_async(dst, src, zero ? 0 : 16);
+#else
+  asm volatile("{\n.reg .pred z;\nsetp.ne.b32 z, %2, 0;\ncp.async.cg.shared.global [%0], [%1], 16, z;\n}"
+               ::"r"(dst), "l"(src), "r"((int)zero)
                : "memory");
 #endif
 }
@@ -231,11 +249,14 @@ __device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * WG_ROW + ((c
 // core matrices (TMA).
 __device__ __forceinline__ u64 wg_b_desc(u32 sb, int kk) {
 #if WG_TMA
-  return wgmma_desc_plain(sb + (u32)(2 * kk * WG_N * 16), WG_N * 16);
+  return wgmma_desc_add(wgmma_desc_plain(sb, WG_N * 16), (u32)(2 * kk * WG_N * 16));
 #else
-  return wgmma_desc(sb + 32 * kk);
+  return wgmma_desc_add(wgmma_desc(sb), 32u * kk);
 #endif
 }
+
+// Descriptor of a warpgroup's activation rows (128-byte swizzled, from sa), K slice kk.
+__device__ __forceinline__ u64 wg_a_desc(u32 sa, int kk) { return wgmma_desc_add(wgmma_desc(sa), 32u * kk); }
 
 __device__ __forceinline__ void wg_mma(float* d, u64 da, u64 db, int acc) {
 #if ACT_Q
@@ -510,26 +531,71 @@ __device__ __forceinline__ const u8* wg_act_row(const Params& p, int q, int K) {
 #endif
 }
 
-// This thread's share of a tile's activation rows, for the kernels whose 256 threads all copy:
-// rows (tid >> 3) + 32 i (i < WG_A_CHUNKS), 16-byte chunk tid & 7 of each K step, gathered
-// through the sorted index (s_row) and zero-filled for padding rows and columns past K.
-template <bool GATED>
-struct WgActCopies {
-  const u8* src[WG_A_CHUNKS];
-  __device__ WgActCopies(const Params& p, const int* s_row, int K) {
+#if WG_MX4
+// A 16-byte pack of 32 MXFP4 codes (weight row mr, codes 32 mc .. 32 mc + 31 of the step)
+// with its e8m0 scale, as bf16 into chunks 4 mc .. 4 mc + 3 of row mr of the 128-byte-swizzled
+// weight tile at sb. In two copies, chosen by the warp-uniform "a scale above 2": predicated
+// off, the second multiply still took an issue slot per code pair, and one multiplier is one
+// IMAD.
+__device__ __forceinline__ void mx_store_pack(u32 sb, uint4 raw, u32 scale, int mr, int mc) {
+  auto store = [&](auto twice_case) {
+    constexpr bool TWICE = decltype(twice_case)::value;
+    u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
+    u32 f1, f2 = 0u;
+    if (TWICE)
+      mx_factors(scale, f1, f2);
+    else
+      f1 = mx_factor_small(scale);
 #pragma unroll
-    for (int i = 0; i < WG_A_CHUNKS; ++i)
-      src[i] = wg_act_row<GATED>(p, s_row[(threadIdx.x >> 3) + 32 * i], K);
+    for (int i = 0; i < 4; ++i) {  // word i: codes 8 i .. 8 i + 7 -> one 16-byte chunk
+      u32 o[4];
+      mx_e2m1_word(words[i], f1, f2, TWICE, o);
+#ifdef MP_HOST
+      emu_st_shared_v4(sb + swz(mr, 4 * mc + i), o);
+#else
+      asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(sb + swz(mr, 4 * mc + i)),
+                   "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3])
+                   : "memory");
+#endif
+    }
+  };
+  if (__any_sync(0xffffffffu, scale > 128u))
+    store(mp_bool<true>{});
+  else
+    store(mp_bool<false>{});
+}
+#endif
+
+// Thread t's share of a tile's activation rows when COPIERS threads copy them (the 256 of
+// the kernels whose threads all copy, or the warp-specialised kernel's 128 producers): rows
+// (t >> 3) + COPIERS / 8 * i, 16-byte chunk t & 7 of each K step, gathered through the tile's
+// sorted rows and zero-filled for padding rows and columns past K.
+// A step's copy is an add to a row pointer that stays in bounds without a select per copy
+// (the SASS had ~12 instructions per copy with them): a column past K reads 0 bytes from its
+// row's start, and a padding row 0 bytes from row 0 of the same matrix, marked by bit 0 of
+// its pointer (rows are 16-byte aligned); a separate mask took a register that the 127-
+// register kernels did not have, and the compiler recomputed the selects in the loop.
+template <bool GATED, int COPIERS>
+struct WgActCopies {
+  static constexpr int ROWS = COPIERS / 8, N = BM / ROWS;  // rows per pass, copies per step
+  const u8* src[N];
+  __device__ WgActCopies(const Params& p, const int* tile_rows, int K, int t) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const u8* row = wg_act_row<GATED>(p, tile_rows[(t >> 3) + ROWS * i], K);
+      src[i] = row ? row : wg_act_row<GATED>(p, 0, K) + 1;
+    }
   }
   // Step ks's copies into the tile at `sa` (128-byte rows, 128-byte swizzle).
-  __device__ __forceinline__ void copy(const Params& p, u32 sa, int ks, i64 kbytes) const {
-    int tid = threadIdx.x, c = tid & 7;
+  __device__ __forceinline__ void copy(u32 sa, int ks, int kbytes, int t) const {
+    int c = t & 7, off = ks * WG_ROW + c * 16;
+    bool past_k = off >= kbytes;
+    off = past_k ? 0 : off;
 #pragma unroll
-    for (int i = 0; i < WG_A_CHUNKS; ++i) {
-      i64 off = (i64)ks * WG_ROW + c * 16;
-      bool ok = src[i] && off < kbytes;
-      cp_async16(sa + swz((tid >> 3) + 32 * i, c), ok ? src[i] + off : (const u8*)p.x,
-                 ok ? 16 : 0);
+    for (int i = 0; i < N; ++i) {
+      u64 a = (u64)src[i] + (u32)off;
+      cp_async16_or_zero(sa + swz((t >> 3) + ROWS * i, c), (const void*)(a & ~(u64)1),
+                         past_k | ((u32)a & 1u));
     }
   }
 };
@@ -572,7 +638,7 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   __syncthreads();
 
   // This thread's copies: activation rows (tid >> 3) + 32 i; weight rows br(i), chunk bc.
-  WgActCopies<GATED> acts(p, s_row, K);
+  WgActCopies<GATED, THREADS> acts(p, s_row, K, tid);
   // AITER 16x16: 16 rows of one 16-byte chunk column are 256 contiguous bytes; a thread takes
   // rows (tid & 15) of 16-row groups (tid >> 7) + 2 i, chunk (tid >> 4) & 7.
   const u8* bsrc[WG_B_CHUNKS];
@@ -610,41 +676,14 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     mraw = ok ? *(const uint4*)(msrc + (i64)kc * mstride) : make_uint4(0u, 0u, 0u, 0u);
     mscale = ok ? S[mx_scale_offset(e, mR, Nst, kc, Kst >> 5)] : 127u;
   };
-  // In two copies, chosen by the warp-uniform "a scale above 2": predicated off, the second
-  // multiply still took an issue slot per code pair, and one multiplier is one IMAD.
   auto mx_store = [&](int ks) {
-    auto store = [&](auto twice_case) {
-      constexpr bool TWICE = decltype(twice_case)::value;
-      u32 sb = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES;
-      u32 words[4] = {mraw.x, mraw.y, mraw.z, mraw.w};
-      u32 f1, f2 = 0u;
-      if (TWICE)
-        mx_factors(mscale, f1, f2);
-      else
-        f1 = mx_factor_small(mscale);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // word i: codes 8 i .. 8 i + 7 -> one 16-byte chunk
-        u32 o[4];
-        mx_e2m1_word(words[i], f1, f2, TWICE, o);
-#ifdef MP_HOST
-        emu_st_shared_v4(sb + swz(mr, 4 * mc + i), o);
-#else
-        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(sb + swz(mr, 4 * mc + i)),
-                     "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3])
-                     : "memory");
-#endif
-      }
-    };
-    if (__any_sync(0xffffffffu, mscale > 128u))
-      store(mp_bool<true>{});
-    else
-      store(mp_bool<false>{});
+    mx_store_pack(base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES, mraw, mscale, mr, mc);
   };
 #endif
 
   auto load_step = [&](int ks) {
     u32 sa = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES, sb = sa + WG_A_BYTES;
-    acts.copy(p, sa, ks, kbytes);
+    acts.copy(sa, ks, (int)kbytes, tid);
 #if WG_TMA
     if (tid == 0) tma_load_weights<GATED>(sb, wmap, tma_group, ks, full0 + 8 * (ks % WG_STAGES));
 #else
@@ -704,14 +743,14 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     wgmma_fence();
 #if WG_FOLD
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wg_mma(part, wgmma_desc(sa + 32 * kk), wg_b_desc(sb, kk), kk > 0);
+    for (int kk = 0; kk < 4; ++kk) wg_mma(part, wg_a_desc(sa, kk), wg_b_desc(sb, kk), kk > 0);
     wgmma_commit();
     folder.scales(ks);
     wgmma_wait<0>();
     folder.fold(acc, part);
 #else
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wg_mma(acc, wgmma_desc(sa + 32 * kk), wg_b_desc(sb, kk), 1);
+    for (int kk = 0; kk < 4; ++kk) wg_mma(acc, wg_a_desc(sa, kk), wg_b_desc(sb, kk), 1);
     wgmma_commit();
     wgmma_wait<1>();
 #endif
@@ -776,7 +815,7 @@ __device__ void moe_gemm_wg_rs(const Params& p) {
   i64 kbytes = (i64)K * 2;
   int nk = (K + WG_KSTEP - 1) / WG_KSTEP;
   __syncthreads();
-  WgActCopies<GATED> acts(p, s_row, K);
+  WgActCopies<GATED, THREADS> acts(p, s_row, K, tid);
 
   // This thread's weight rows h = 0, 1 (physical rows of the expert) and their first packs.
   int col = GATED ? n0 + 32 * wg + 8 * warp + gid : n0 + 64 * wg + 16 * warp + gid;
@@ -827,7 +866,7 @@ __device__ void moe_gemm_wg_rs(const Params& p) {
   for (int i = 0; i < WG_ACC; ++i) acc[i] = 0.0f;
 #pragma unroll
   for (int s = 0; s < WG_STAGES - 2; ++s) {
-    if (s < nk) acts.copy(p, base + (u32)s * WG_STAGE_BYTES, s, kbytes);
+    if (s < nk) acts.copy(base + (u32)s * WG_STAGE_BYTES, s, (int)kbytes, tid);
     cp_async_commit();
   }
   WgRsPacks packs[2];
@@ -844,17 +883,17 @@ __device__ void moe_gemm_wg_rs(const Params& p) {
     fence_proxy_async();
     __syncthreads();  // everyone's have; and both warpgroups are done with step ks - 2's stage
     if (ks + WG_STAGES - 2 < nk)
-      acts.copy(p, base + (u32)((ks + WG_STAGES - 2) % WG_STAGES) * WG_STAGE_BYTES,
-                ks + WG_STAGES - 2, kbytes);
+      acts.copy(base + (u32)((ks + WG_STAGES - 2) % WG_STAGES) * WG_STAGE_BYTES,
+                ks + WG_STAGES - 2, (int)kbytes, tid);
     cp_async_commit();
     u32 sa = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES;
     wgmma_fence();  // the fragments were just written
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
 #if WG_N == 128
-      wgmma_bf16_rs_n128(acc, a[kk], wgmma_desc(sa + 32 * kk), 1);
+      wgmma_bf16_rs_n128(acc, a[kk], wg_a_desc(sa, kk), 1);
 #else
-      wgmma_bf16_rs_n64(acc, a[kk], wgmma_desc(sa + 32 * kk), 1);
+      wgmma_bf16_rs_n64(acc, a[kk], wg_a_desc(sa, kk), 1);
 #endif
     }
     wgmma_commit();
@@ -899,8 +938,15 @@ __device__ void moe_gemm_wg_rs(const Params& p) {
 // activation rows) and the TMA bytes (the weight tile) are in, and an `empty` barrier when the
 // 8 consumer warps are done reading it; the producer runs up to WG_STAGES steps ahead, across
 // tiles, so the next tile's copies fly during this tile's epilogue.
-#if !WG_TMA || WG_MX4
-#error "the warp-specialised kernel takes TMA weight tiles"
+// MXFP4 (WG_MX4_WS): the producer copies the packed codes with cp.async instead of a TMA
+// box; each consumer thread decodes one pack of the step into the bf16 tile (it % 3) that both
+// warpgroups then multiply from (a named barrier between): the decode's bit operations run on
+// the 8 consumer warps while the copies and their addresses run on the producer's.
+#if WG_TMA == WG_MX4
+#error "the warp-specialised kernel takes TMA weight tiles, or MXFP4 packs by cp.async"
+#endif
+#if WG_MX4 && BM != 128
+#error "MXFP4 on the warp-specialised kernel: 128-row tiles (the warpgroups share the weights)"
 #endif
 #if WG_N == 256 && WG_FOLD
 #error "128 x 256 blocks: 16-bit operands (fp8 partial sums need a second accumulator)"
@@ -924,7 +970,8 @@ __device__ __forceinline__ void wg_regs_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
 #endif
 }
-#define WG_FULL_ARRIVALS 129  // 128 producer threads' cp.async, plus the TMA's expect_tx
+// 128 producer threads' cp.async, plus the TMA's expect_tx (not for MXFP4's packs)
+#define WG_FULL_ARRIVALS (WG_MX4 ? 128 : 129)
 // One per consumer warp that reads a stage (WG_KSPLIT: one warpgroup's steps).
 #define WG_EMPTY_ARRIVALS (WG_KSPLIT ? 4 : 8)
 
@@ -942,6 +989,55 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 #endif
 }
+
+#if WG_MX4
+__device__ __forceinline__ uint4 ld_shared_v4(u32 addr) {
+  uint4 v;
+#ifdef MP_HOST
+  memcpy(&v, emu_shared_ptr(addr, 16), 16);
+#else
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+#endif
+  return v;
+}
+
+// The producer thread t's share of a step's packed codes (WG_MX4_WS): weight row t's two
+// 16-byte packs (64 codes), into the stage's pack area as [pack j][row]; zeros for a row past
+// N or codes past K. Bit 0 of `src` marks a row past N (rows start 16-byte aligned).
+template <bool GATED>
+struct WgPackCopies {
+  const u8* src;  // row t's first pack
+  int stride;     // bytes between a row's consecutive packs
+  __device__ WgPackCopies(const Params& p, int e, int n0, int t) {
+    int Kst = GATED ? p.Hp : p.Ip, Nst = GATED ? 2 * p.Ip : p.Hp;
+    i64 wrow_bytes = (i64)Kst / 2;
+    const u8* W = (const u8*)(GATED ? p.w13 : p.w2) + (i64)e * Nst * wrow_bytes;
+    bool ok;
+    int R = wg_row<GATED>(p, n0, t, ok);
+#if WLAYOUT == WL_AITER_16X16
+    src = W + (i64)(R >> 4) * (wrow_bytes / 16) * 256 + (R & 15) * 16;
+    stride = 256;
+#else
+    src = W + (i64)R * wrow_bytes;
+    stride = 16;
+#endif
+    if (!ok) src = W + 1;
+  }
+  __device__ __forceinline__ void copy(u32 sp, int ks, int K, int t) const {
+    bool past_n = (size_t)src & 1u;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      int kc = 2 * ks + j;
+      bool zero = past_n || kc * 32 >= K;
+      const u8* a = (const u8*)((size_t)src & ~(size_t)1) + (zero ? 0 : (i64)kc * stride);
+      cp_async16_or_zero(sp + (u32)(j * WG_B_ROWS * 16 + t * 16), a, zero);
+    }
+  }
+};
+#endif
 
 // Work item w: its tile and first output column.
 template <bool GATED>
@@ -994,7 +1090,7 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
   // PDL_EARLY: the weight tiles of the first work item's first ring stages (free on the first
   // pass) are in flight while the previous kernel finishes; the activations wait for it.
   u32 early = 0;  // ring steps whose weight copy has started
-  if (EARLY && tid == 0) {
+  if (EARLY && WG_TMA && tid == 0) {
     int tile, n0;
     wg_work<GATED>(blockIdx.x, tiles, nblk, tile, n0);
     int group = wg_tma_group<GATED>(tile_expert[tile], Nst, n0);
@@ -1009,17 +1105,17 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
     // Producer: thread t copies chunk t & 7 of activation rows (t >> 3) + 16 i; thread 0
     // also starts the weight tile's TMA.
     wg_regs_dec<WG_WS_PRODUCER_REGS>();
-    int ac = tid & 7;
     u32 it = 0;  // ring steps produced
     for (int w = blockIdx.x; w < work; w += gridDim.x) {
       int tile, n0;
       wg_work<GATED>(w, tiles, nblk, tile, n0);
       int e = tile_expert[tile];
-      const u8* asrc[BM / 16];
-#pragma unroll
-      for (int i = 0; i < BM / 16; ++i)
-        asrc[i] = wg_act_row<GATED>(p, sorted[tile * BM + (tid >> 3) + 16 * i], K);
+      WgActCopies<GATED, 128> acts(p, sorted + tile * BM, K, tid);
+#if WG_MX4
+      WgPackCopies<GATED> packs(p, e, n0, tid);
+#else
       int group = wg_tma_group<GATED>(e, Nst, n0);
+#endif
       for (int ks = 0; ks < nk_ring; ++ks, ++it) {
         int st = it % WG_STAGES;
         mbar_wait(empty0 + 8 * st, ((it / WG_STAGES) & 1) ^ 1);  // first pass: free
@@ -1029,15 +1125,13 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
           cp_async_arrive(bar);
           continue;
         }
+#if WG_MX4
+        packs.copy(sa + WG_A_BYTES, ks, K, tid);
+#else
         if (tid == 0 && it >= early)  // the first `early` steps' copies started before the wait
           tma_load_weights<GATED>(sa + WG_A_BYTES, wmap, group, ks, bar);
-#pragma unroll
-        for (int i = 0; i < BM / 16; ++i) {
-          i64 off = (i64)ks * WG_ROW + ac * 16;
-          bool ok = asrc[i] && off < kbytes;
-          cp_async16(sa + swz((tid >> 3) + 16 * i, ac), ok ? asrc[i] + off : (const u8*)p.x,
-                     ok ? 16 : 0);
-        }
+#endif
+        acts.copy(sa, ks, (int)kbytes, tid);
         cp_async_arrive(bar);
       }
     }
@@ -1059,6 +1153,20 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
     int r0 = tile * BM + a_row0 + 16 * warp + gid;
     int rows[2] = {sorted[r0], sorted[r0 + 8]};
     bool busy = wg_has_rows(sorted[tile * BM + a_row0]);
+#if WG_MX4
+    // This thread's pack of each step: weight row mr, codes 32 mc .. 32 mc + 31 (the tile
+    // kernel's assignment); its e8m0 scale is loaded a step ahead.
+    int mr = 16 * (ctid >> 5) + (ctid & 15), mc = (ctid >> 4) & 1;
+    bool mok;
+    int mR = wg_row<GATED>(p, n0, mr, mok);
+    const u8* srow = (const u8*)(GATED ? p.w13_scale : p.w2_scale) +
+                     (mok ? mx_scale_row_part(e, mR, Nst, (GATED ? p.Hp : p.Ip) >> 5) : 0);
+    auto scale_of = [&](int ks) {
+      int kc = 2 * ks + mc;
+      return mok && kc * 32 < K ? (u32)srow[mx_scale_col_part(kc)] : 127u;
+    };
+    u32 scale = scale_of(0);
+#endif
     float acc[WG_ACC];
 #pragma unroll
     for (int i = 0; i < WG_ACC; ++i) acc[i] = 0.0f;
@@ -1076,6 +1184,21 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       if (WG_KSPLIT && (ks & 1) != wg) continue;  // the other warpgroup's step
       int st = it % WG_STAGES;
       mbar_wait(full0 + 8 * st, (it / WG_STAGES) & 1);
+#if WG_MX4
+      // Every consumer thread decodes its pack into the step's bf16 tile, which both
+      // warpgroups read after the barrier. Tile it % 3 was last read by step it - 3's MMAs,
+      // which every thread retired (wgmma_wait<1> in step it - 2) before the barrier of it - 1.
+      u32 sdec = base + WG_STAGES * WG_STAGE_BYTES + (it % WG_DEC_TILES) * WG_B_BYTES;
+      {
+        u32 cur = scale;
+        if (ks + 1 < nk) scale = scale_of(ks + 1);
+        uint4 raw = ld_shared_v4(base + (u32)st * WG_STAGE_BYTES + WG_A_BYTES +
+                                 (u32)(mc * WG_B_ROWS * 16 + mr * 16));
+        mx_store_pack(sdec, raw, cur, mr, mc);
+      }
+      fence_proxy_async();  // the decoded tile, for the async proxy
+      wg_consumers_sync();
+#endif
       // Release the stage at once (an idle warpgroup, or WG_KSPLIT's phantom step past K): it
       // stays in step with the ring's phases.
       if (!busy || ks >= nk) {
@@ -1091,12 +1214,16 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       // made them visible to this thread, the fence to its wgmma (the async proxy).
       fence_proxy_async();
       u32 sa = base + (u32)st * WG_STAGE_BYTES + (u32)(a_row0 * WG_ROW);
+#if WG_MX4
+      u32 sb = sdec + (u32)(b_row0 * WG_ROW);
+#else
       u32 sb = base + (u32)st * WG_STAGE_BYTES + WG_A_BYTES + (u32)(b_row0 * WG_ROW);
+#endif
       wgmma_fence();
 #if WG_FOLD
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        wg_mma(part, wgmma_desc(sa + 32 * kk), wg_b_desc(sb, kk), kk > 0);
+        wg_mma(part, wg_a_desc(sa, kk), wg_b_desc(sb, kk), kk > 0);
       wgmma_commit();
       folder.scales(ks);
       wgmma_wait<0>();
@@ -1104,7 +1231,7 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       folder.fold(acc, part);
 #else
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wg_mma(acc, wgmma_desc(sa + 32 * kk), wg_b_desc(sb, kk), 1);
+      for (int kk = 0; kk < 4; ++kk) wg_mma(acc, wg_a_desc(sa, kk), wg_b_desc(sb, kk), 1);
       wgmma_commit();
       wgmma_wait<1>();  // the previous step's MMAs are done: release its stage
       if (prev >= 0 && lane == 0) mbar_arrive(empty0 + 8 * (prev % WG_STAGES));
@@ -1135,6 +1262,7 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
   }
 }
 
+#if WG_TMA
 // The second parameter: the tensor map of this stage's weights (w13 / w2).
 MP_KERNEL void __launch_bounds__(WG_WS_THREADS, 1)
     moe_stage1(Params p, const __grid_constant__ WgTmaMap wmap) {
@@ -1144,6 +1272,14 @@ MP_KERNEL void __launch_bounds__(WG_WS_THREADS, 1)
     moe_stage2(Params p, const __grid_constant__ WgTmaMap wmap) {
   moe_gemm_wg_ws<false>(p, &wmap);
 }
+#else  // MXFP4: no tensor map
+MP_KERNEL void __launch_bounds__(WG_WS_THREADS, 1) moe_stage1(Params p) {
+  moe_gemm_wg_ws<true>(p, nullptr);
+}
+MP_KERNEL void __launch_bounds__(WG_WS_THREADS, 1) moe_stage2(Params p) {
+  moe_gemm_wg_ws<false>(p, nullptr);
+}
+#endif
 #elif WG_TMA
 // The second parameter: the tensor map of this stage's weights (w13 / w2).
 MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS)

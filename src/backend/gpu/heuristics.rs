@@ -509,13 +509,19 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
     {
         return Some("TMA weight tiles: AITER 16x16 weights (not MXFP4)");
     }
-    // The producer warpgroup copies activations and starts the TMA of the weights.
-    if spec.wgmma_ws && (!spec.wgmma_tma || spec.wgmma_blocks != 1) {
-        return Some("the warp-specialised kernel takes TMA weight tiles, one block per SM");
+    // The producer warpgroup copies activations and starts the TMA of the weights, or copies
+    // MXFP4's packs for the consumers to decode.
+    let mxfp4 = spec.weight_format == WeightFormat::Mxfp4;
+    if spec.wgmma_ws && (!(spec.wgmma_tma || mxfp4) || spec.wgmma_blocks != 1) {
+        return Some(
+            "the warp-specialised kernel takes TMA weight tiles or MXFP4 packs, one block per SM",
+        );
     }
     // Each thread decodes the packs of two weight rows into its A fragments.
-    if spec.wgmma_rs && (spec.weight_format != WeightFormat::Mxfp4 || spec.wgmma_tma) {
-        return Some("register-operand weights: MXFP4 only, without TMA");
+    if spec.wgmma_rs
+        && (spec.weight_format != WeightFormat::Mxfp4 || spec.wgmma_tma || spec.wgmma_ws)
+    {
+        return Some("register-operand weights: MXFP4 only, without TMA or warp specialisation");
     }
     // Stage 1's fused quantization needs a block's 128 output columns (one 1x128 group).
     if spec.wgmma_ksplit
@@ -1383,11 +1389,34 @@ mod tests {
         for (what, s) in refused {
             assert!(why(&s).is_some(), "{what} accepted");
         }
-        // The shared-memory tile: 128 x 128 blocks, one or two per SM.
+        // The shared-memory tile: 128 x 128 blocks, one or two per SM; warp-specialised (the
+        // packs copied by cp.async, no TMA) with one.
         let tile = KernelSpec {
             wgmma_rs: false,
             ..mx.clone()
         };
+        let ws = KernelSpec {
+            wgmma_ws: true,
+            ..tile.clone()
+        };
+        assert_eq!(why(&ws), None);
+        for refused in [
+            KernelSpec {
+                wgmma_blocks: 2,
+                ..ws.clone()
+            },
+            KernelSpec {
+                wgmma_rs: true,
+                ..ws.clone()
+            },
+            KernelSpec {
+                weight_format: WeightFormat::Bf16,
+                scale_layout: None,
+                ..ws.clone()
+            },
+        ] {
+            assert!(why(&refused).is_some(), "{refused:?} accepted");
+        }
         assert_eq!(why(&tile), None);
         assert_eq!(
             why(&KernelSpec {

@@ -27,7 +27,7 @@ use once_cell::sync::Lazy;
 use super::{Backend, Caps};
 use crate::error::{Error, Result};
 use crate::moe::{MoeConfig, MoeLaunch};
-use crate::types::{feature, ActDtype, Activation, BackendKind};
+use crate::types::{feature, ActDtype, Activation, BackendKind, WeightFormat};
 use driver::{Api, Handle};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -581,11 +581,12 @@ impl Backend for GpuBackend {
 
 impl GpuBackend {
     /// `spec` as this driver can run it: without the TMA encoder the wgmma family copies its
-    /// weight tiles per thread (and so without its warp-specialised kernel, which needs TMA).
+    /// weight tiles per thread (and so without its warp-specialised kernel, which needs TMA
+    /// except for MXFP4's packs).
     fn for_driver(&self, spec: &spec::KernelSpec) -> spec::KernelSpec {
         let mut s = spec.clone();
         s.wgmma_tma &= self.api.cuTensorMapEncodeTiled.is_some();
-        s.wgmma_ws &= s.wgmma_tma;
+        s.wgmma_ws &= s.wgmma_tma || s.weight_format == WeightFormat::Mxfp4;
         if self.api.cuLaunchKernelEx.is_none() {
             s.pdl = spec::Pdl::Off;
         }

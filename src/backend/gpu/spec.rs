@@ -385,12 +385,29 @@ impl KernelSpec {
     /// Wgmma family: bytes of one ring stage, the tile's activation rows and (unless the
     /// weights are the register operand) the block's weight rows, 128 bytes each.
     fn wgmma_stage_bytes(&self) -> usize {
-        let weight_rows = if self.wgmma_rs {
+        let weights = if self.wgmma_rs {
             0
+        } else if self.wgmma_decodes_packs() {
+            self.wgmma_block_rows() * 32 // a step's 64 codes per row, packed
         } else {
-            self.wgmma_block_rows()
+            self.wgmma_block_rows() * 128
         };
-        (self.wgmma_bm as usize + weight_rows) * 128
+        self.wgmma_bm as usize * 128 + weights
+    }
+
+    /// Wgmma family, MXFP4 warp-specialised (`WG_MX4_WS`): the ring carries the packed codes,
+    /// which the consumers decode into one of three bf16 weight tiles after it.
+    fn wgmma_decodes_packs(&self) -> bool {
+        self.wgmma_ws && self.weight_format == WeightFormat::Mxfp4
+    }
+
+    /// Wgmma family: the decoded weight tiles after the ring (`WG_DEC_TILES` x `WG_B_BYTES`).
+    fn wgmma_decoded_bytes(&self) -> usize {
+        if self.wgmma_decodes_packs() {
+            3 * self.wgmma_block_rows() * 128
+        } else {
+            0
+        }
     }
 
     /// Wgmma family: stages of its cp.async ring, as many as the SM's 227 KiB of shared
@@ -398,8 +415,10 @@ impl KernelSpec {
     /// weights, whose 16 KiB stages are the only copies in flight; an even count where the
     /// warpgroups split K, each owning every other stage).
     fn wgmma_stages(&self) -> usize {
-        let per_block =
-            227 * 1024 / self.wgmma_blocks.max(1) as usize - 1024 - self.wgmma_ksplit_bytes();
+        let per_block = 227 * 1024 / self.wgmma_blocks.max(1) as usize
+            - 1024
+            - self.wgmma_ksplit_bytes()
+            - self.wgmma_decoded_bytes();
         let most = if self.wgmma_rs {
             8
         } else if self.wgmma_ws {
@@ -429,7 +448,9 @@ impl KernelSpec {
     /// the base; the other families' shared memory is static, under the 48 KiB default.
     pub fn dynamic_shared_bytes(&self) -> usize {
         match self.family {
-            Family::Wgmma => self.wgmma_stages() * self.wgmma_stage_bytes() + 1024,
+            Family::Wgmma => {
+                self.wgmma_stages() * self.wgmma_stage_bytes() + self.wgmma_decoded_bytes() + 1024
+            }
             _ => 0,
         }
     }
