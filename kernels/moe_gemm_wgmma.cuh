@@ -536,8 +536,11 @@ __device__ __forceinline__ const u8* wg_act_row(const Params& p, int q, int K) {
 // with its e8m0 scale, as bf16 into chunks 4 mc .. 4 mc + 3 of row mr of the 128-byte-swizzled
 // weight tile at sb. In two copies, chosen by the warp-uniform "a scale above 2": predicated
 // off, the second multiply still took an issue slot per code pair, and one multiplier is one
-// IMAD.
+// IMAD. Chunk 4 mc + i lands at chunk 4 mc's address with i xored into bits 4-5 (the swizzle
+// xors the chunk index, and the tile is 1024-aligned): one xor per store, where the compiler
+// rebuilt each swizzled address in the step.
 __device__ __forceinline__ void mx_store_pack(u32 sb, uint4 raw, u32 scale, int mr, int mc) {
+  u32 at0 = sb + swz(mr, 4 * mc);
   auto store = [&](auto twice_case) {
     constexpr bool TWICE = decltype(twice_case)::value;
     u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -551,9 +554,9 @@ __device__ __forceinline__ void mx_store_pack(u32 sb, uint4 raw, u32 scale, int 
       u32 o[4];
       mx_e2m1_word(words[i], f1, f2, TWICE, o);
 #ifdef MP_HOST
-      emu_st_shared_v4(sb + swz(mr, 4 * mc + i), o);
+      emu_st_shared_v4(at0 ^ (u32)(i << 4), o);
 #else
-      asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(sb + swz(mr, 4 * mc + i)),
+      asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(at0 ^ (u32)(i << 4)),
                    "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3])
                    : "memory");
 #endif
@@ -1211,8 +1214,9 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
         continue;
       }
       // The producer's cp.async wrote the activations through the generic proxy; the barrier
-      // made them visible to this thread, the fence to its wgmma (the async proxy).
-      fence_proxy_async();
+      // made them visible to this thread, the fence to its wgmma (the async proxy). (MXFP4's
+      // fence after the decode did both.)
+      if (!WG_MX4) fence_proxy_async();
       u32 sa = base + (u32)st * WG_STAGE_BYTES + (u32)(a_row0 * WG_ROW);
 #if WG_MX4
       u32 sb = sdec + (u32)(b_row0 * WG_ROW);
