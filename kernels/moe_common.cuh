@@ -384,9 +384,35 @@ __device__ __forceinline__ float down_value(const Params& p, int e, int col, flo
 #endif
   return v;
 }
+// Stage 2's partial rows y (pair x H) are stored in the output's 16-bit type by the wgmma
+// family (PARTIALS_16), so that stage 2 writes and moe_reduce reads half the bytes: at prefill
+// y is M k H x 4 bytes each way in fp32 (~270 MB on Qwen3-30B-A3B at M = 4096, ~940 MB on
+// DeepSeek-V3), and vLLM's fused_moe keeps its partials in the activations' type too. The
+// families that fuse the combine keep fp32. The workspace holds 4 bytes per element either way.
+#define PARTIALS_16 (FAMILY == FAMILY_WGMMA)
+// A partial in the output's type. bf16 by the conversion instruction on CUDA: mp_f32_to_bf16's
+// integer rounding of an accumulator made ptxas serialize the wgmma pipeline (C7514).
+__device__ __forceinline__ u16 partial16(float v) {
+#if OUT_F16
+  return mp_f32_to_f16(v);
+#elif defined(MP_HOST) || defined(MP_HIP)
+  return mp_f32_to_bf16(v);
+#else
+  u16 h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+  return h;
+#endif
+}
+__device__ __forceinline__ void store_partial(const Params& p, i64 at, float v) {
+#if PARTIALS_16
+  ((u16*)p.y)[at] = partial16(v);
+#else
+  ((float*)p.y)[at] = v;
+#endif
+}
 __device__ __forceinline__ void store_down(const Params& p, int e, i64 q, int col, float v,
                                            float w) {
-  ((float*)p.y)[q * p.H + col] = down_value(p, e, col, v, w);
+  store_partial(p, q * p.H + col, down_value(p, e, col, v, w));
 }
 // Columns col and col + 1 of pair q in one 8-byte store (CUDA), the same bytes as two
 // store_down; col even and H even, as for store_gated2.
@@ -394,11 +420,14 @@ __device__ __forceinline__ void store_down2(const Params& p, int e, i64 q, int c
                                             float v1, float w) {
   if (col >= p.H) return;
   float a = down_value(p, e, col, v0, w), b = down_value(p, e, col + 1, v1, w);
+#if PARTIALS_16
+  *(u32*)((u16*)p.y + q * p.H + col) = (u32)partial16(a) | (u32)partial16(b) << 16;
+#elif defined(MP_HOST) || defined(MP_HIP)
   float* y = (float*)p.y + q * p.H + col;
-#if defined(MP_HOST) || defined(MP_HIP)
   y[0] = a;
   y[1] = b;
 #else
+  float* y = (float*)p.y + q * p.H + col;
   // As asm: a plain 8-byte store of the two floats made ptxas read the wgmma accumulators as
   // a register pair and serialize the MMAs (C7514) where the value is the accumulator itself.
   asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(y), "f"(a), "f"(b) : "memory");
@@ -728,15 +757,22 @@ MP_KERNEL void __launch_bounds__(THREADS) moe_quant2(Params p) { quant_rows<2>(p
 #error "FUSED_COMBINE: CUDA only (heuristics::fused_combine)"
 #endif
 
-// A stage-2 partial, read from L2: with FUSED_COMBINE it was written by another block of the
-// running kernel, and this SM's L1 may hold a stale line around it.
-__device__ __forceinline__ float load_partial(const float* a) {
+// Stage-2 partial `at` of y (PARTIALS_16: in the output's type), read from L2 with
+// FUSED_COMBINE: it was written by another block of the running kernel, and this SM's L1 may
+// hold a stale line around it.
+__device__ __forceinline__ float load_partial(const Params& p, i64 at) {
+#if PARTIALS_16
 #if FUSED_COMBINE
+#error "the families that fuse the combine keep fp32 partials"
+#endif
+  u16 h = ((const u16*)p.y)[at];
+  return OUT_F16 ? mp_f16_to_f32(h) : mp_bf16_to_f32(h);
+#elif FUSED_COMBINE
   float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(a));
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"((const float*)p.y + at));
   return v;
 #else
-  return *a;
+  return ((const float*)p.y)[at];
 #endif
 }
 
@@ -746,7 +782,7 @@ __device__ __forceinline__ float slot_sum(const Params& p, int t, int n) {
   float sum = 0.0f;
   for (int s = 0; s < p.topk; ++s) {
     int q = t * p.topk + s;
-    if (((const int*)p.pair_local)[q] >= 0) sum += load_partial((const float*)p.y + (i64)q * p.H + n);
+    if (((const int*)p.pair_local)[q] >= 0) sum += load_partial(p, (i64)q * p.H + n);
   }
   return sum;
 }

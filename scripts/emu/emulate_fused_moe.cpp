@@ -425,9 +425,20 @@ int main(int argc, char** argv) {
 
   FILE* f = fopen(argv[1], "wb");
   if (!f) return 1;
-  // y of routed pairs only (unrouted rows are never written).
-  for (int q = 0; q < pairs; ++q)
-    if (pair_local[q] >= 0) fwrite(&y[(size_t)q * H], 4, H, f);
+  // y of routed pairs only (unrouted rows are never written), as f32 (PARTIALS_16: stored in
+  // the output's 16-bit type).
+  for (int q = 0; q < pairs; ++q) {
+    if (pair_local[q] < 0) continue;
+#if PARTIALS_16
+    const u16* row = (const u16*)y.data() + (size_t)q * H;
+    for (int n = 0; n < H; ++n) {
+      float v = OUT_F16 ? mp_f16_to_f32(row[n]) : mp_bf16_to_f32(row[n]);
+      fwrite(&v, 4, 1, f);
+    }
+#else
+    fwrite(&y[(size_t)q * H], 4, H, f);
+#endif
+  }
   for (u16 o : out) {
     float v = OUT_F16 ? mp_f16_to_f32(o) : mp_bf16_to_f32(o);
     fwrite(&v, 4, 1, f);

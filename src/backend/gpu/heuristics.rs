@@ -44,7 +44,9 @@ pub const WGMMA_MIN_PAIRS_PER_EXPERT_FP8_BLOCK: usize = 4;
 /// defaults: the tile height of [`default_tile_rows`] (`auto` asks for the L2 rule on every
 /// format), one block per SM, and 256 weight rows where the warp-specialised kernel takes them
 /// (16-bit operands: 5-10 % faster than 128 on Qwen3 and gpt-oss bf16 at M = 1024 / 4096,
-/// bench/NOTES.md session 11; 64-row tiles take them for every format), else 128.
+/// bench/NOTES.md session 11; 64-row tiles take them for every format), else 128. MXFP4 runs
+/// two blocks per SM of the shared-memory tile kernel; `MOEPLUG_WGMMA_BLOCKS=1` gives it the
+/// warp-specialised kernel (the consumers decode the packs the producer copies; not yet timed).
 static WGMMA_N_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_N"));
 static WGMMA_BM_PREFERENCE: Lazy<Option<TileRows>> = Lazy::new(|| {
     let v = std::env::var("MOEPLUG_WGMMA_BM").ok()?;

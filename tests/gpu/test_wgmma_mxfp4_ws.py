@@ -1,0 +1,46 @@
+"""MXFP4 on the warp-specialised wgmma kernel (WG_MX4_WS, selected where one block per SM is
+asked: MOEPLUG_WGMMA_BLOCKS=1, read once per process, so each setting runs in a fresh
+process, `child`): the producer copies the packed codes, the consumers decode them into bf16
+weight tiles that both warpgroups multiply from. Each setting is checked against the CPU
+backend and float64, repeated for the same bits and replayed in a CUDA graph. Both kernels
+decode the same bf16 weights and add each row's K in the same order, so the warp-specialised
+kernel's bits must equal the two-blocks-per-SM tile kernel's (the default)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_fused_combine import case_kwargs, checked_outputs  # noqa: E402
+from test_fused_moe import (  # noqa: E402
+    assert_close, assert_replays_give, capture_graph, run_child, run_moe)
+
+MS = [1, 7, 300]
+REPLAYED = ("mxfp4", 300, "padded")
+# Long items, several per SM: 32 K steps (H = 2048) against the ring's 6 stages and the three
+# decoded tiles, so the ring and the tiles go round many times within and across items.
+LONG = dict(E=8, k=3, H=2048, I=512, M=1000, seed=7)
+
+
+def child(path):
+    outs = checked_outputs(["mxfp4"], MS)
+    out, ref, st = run_moe("mxfp4", **LONG)
+    assert_close(out, ref, None, st)
+    again, _, _ = run_moe("mxfp4", m=st["m"], **LONG)
+    assert torch.equal(again, out), "long items: not repeatable"
+    outs["long"] = out.cpu()
+    fmt, M, option = REPLAYED
+    out, _, st = run_moe(fmt, **case_kwargs(fmt, M, option))
+    assert_replays_give(capture_graph(st), st, out)
+    torch.save(dict(outs=outs), path)
+
+
+def test_warp_specialised_mxfp4_matches_the_cpu_backend_and_the_tile_kernel(tmp_path):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma family runs on sm_90 only")
+    runs = {blocks: run_child("test_wgmma_mxfp4_ws", tmp_path / f"b{blocks}.pt",
+                              {"MOEPLUG_WGMMA_BLOCKS": blocks, "MOEPLUG_GPU_FAMILY": "wgmma"})
+            for blocks in ["1", "2"]}
+    ws, tile = runs["1"]["outs"], runs["2"]["outs"]
+    assert len(ws) == len(MS) * 3 + 1
+    for key, out in ws.items():
+        assert torch.equal(out, tile[key]), f"{key}: warp-specialised and tile kernels differ"
