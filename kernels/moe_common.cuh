@@ -384,12 +384,17 @@ __device__ __forceinline__ float down_value(const Params& p, int e, int col, flo
 #endif
   return v;
 }
-// Stage 2's partial rows y (pair x H) are stored in the output's 16-bit type by the wgmma
-// family (PARTIALS_16), so that stage 2 writes and moe_reduce reads half the bytes: at prefill
-// y is M k H x 4 bytes each way in fp32 (~270 MB on Qwen3-30B-A3B at M = 4096, ~940 MB on
-// DeepSeek-V3), and vLLM's fused_moe keeps its partials in the activations' type too. The
-// families that fuse the combine keep fp32. The workspace holds 4 bytes per element either way.
-#define PARTIALS_16 (FAMILY == FAMILY_WGMMA)
+// PARTIALS_16 (spec::KernelSpec::partials_16, the wgmma family's): stage 2's partial rows y
+// (pair x H) are stored in the output's 16-bit type, so that stage 2 writes and moe_reduce
+// reads half the bytes: at prefill y is M k H x 4 bytes each way in fp32 (~270 MB on
+// Qwen3-30B-A3B at M = 4096, ~940 MB on DeepSeek-V3), and vLLM's fused_moe keeps its partials
+// in the activations' type too. The workspace holds 4 bytes per element either way.
+#ifndef PARTIALS_16
+#error "PARTIALS_16: set by the host"
+#endif
+#if PARTIALS_16 && FUSED_COMBINE
+#error "the fused combine reads fp32 partials"
+#endif
 // A partial in the output's type. bf16 by the conversion instruction on CUDA: mp_f32_to_bf16's
 // integer rounding of an accumulator made ptxas serialize the wgmma pipeline (C7514).
 __device__ __forceinline__ u16 partial16(float v) {
@@ -762,9 +767,6 @@ MP_KERNEL void __launch_bounds__(THREADS) moe_quant2(Params p) { quant_rows<2>(p
 // hold a stale line around it.
 __device__ __forceinline__ float load_partial(const Params& p, i64 at) {
 #if PARTIALS_16
-#if FUSED_COMBINE
-#error "the families that fuse the combine keep fp32 partials"
-#endif
   u16 h = ((const u16*)p.y)[at];
   return OUT_F16 ? mp_f16_to_f32(h) : mp_bf16_to_f32(h);
 #elif FUSED_COMBINE

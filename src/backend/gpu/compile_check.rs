@@ -80,6 +80,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 fused_combine: family.fuses_combine(),
                                 fused_quant2: false, // MOEPLUG_FUSED_QUANT2=0; the default below
                                 route_quant1: false, // MOEPLUG_ROUTE_QUANT1=0; the default below
+                                partials_16: family == Family::Wgmma, // the family's
                             };
                             n += 1;
                             if !keep(&spec) && spec.fused_combine {

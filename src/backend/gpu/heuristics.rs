@@ -585,7 +585,7 @@ pub fn wgmma_unsupported(sm: u32, spec: &KernelSpec, launch: &MoeLaunch) -> Opti
 pub fn selectable(sm: u32, spec: &KernelSpec) -> bool {
     // Only the fp32 family decodes int4 (load_w in moe_common.cuh).
     let int4 = spec.weight_format.is_int4();
-    if spec.fused_combine && !spec.family.fuses_combine() {
+    if spec.fused_combine && (!spec.family.fuses_combine() || spec.partials_16) {
         return false;
     }
     if spec.route_quant1 && route_quant1_unsupported(spec).is_some() {

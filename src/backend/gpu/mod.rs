@@ -828,6 +828,7 @@ fn default_spec() -> spec::KernelSpec {
         fused_combine: false,
         fused_quant2: false,
         route_quant1: false,
+        partials_16: false,
     }
 }
 

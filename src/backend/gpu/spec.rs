@@ -260,6 +260,10 @@ pub struct KernelSpec {
     /// Activations quantized per row or group: blocks 1 .. M of the route kernel quantize the
     /// hidden_states rows, and `moe_quant1` is not launched (`QUANT1_IN_ROUTE`).
     pub route_quant1: bool,
+    /// Stage 2's partial rows in the output's 16-bit type instead of fp32 (`PARTIALS_16`):
+    /// half the bytes stage 2 writes and `moe_reduce` reads. The wgmma family's (prefill,
+    /// where they are M k H values); not with the fused combine.
+    pub partials_16: bool,
 }
 
 impl KernelSpec {
@@ -297,6 +301,7 @@ impl KernelSpec {
             fused_combine: false,
             fused_quant2: false,
             route_quant1: false,
+            partials_16: family == Family::Wgmma,
         }
     }
 
@@ -526,6 +531,7 @@ impl KernelSpec {
             format!("FP8_FNUZ={}", b(self.fp8_fnuz)),
             format!("FUSED_COMBINE={}", b(self.fused_combine)),
             format!("QUANT1_IN_ROUTE={}", b(self.route_quant1)),
+            format!("PARTIALS_16={}", b(self.partials_16)),
         ];
         if self.family == Family::Stream {
             d.push(format!("SW_KW1={}", self.split_k[0]));
