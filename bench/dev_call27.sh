@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Session 21, call 27: 2b4ac2b (wgmma descriptors by add, activation copies without selects;
-# MXFP4 on the warp-specialised kernel as an opt-in, MOEPLUG_WGMMA_BLOCKS=1). Build main and
-# target/old/libmoeplug.so (e9e7571); carry both, target/release/moeplug and .peers.
+# The next GPU call (session 21 built it; no machine was lent after call 26). Build main and
+# target/old/libmoeplug.so (e9e7571: `git worktree add /tmp/wt-old e9e7571`, then
+# `CARGO_TARGET_DIR=/tmp/old-target cargo build --release` there, copy the library); carry
+# target/release/libmoeplug.so, target/release/moeplug, target/old/libmoeplug.so and .peers.
+# What main has that no GPU has run (bench/NOTES.md, session 21): wgmma descriptors by add and
+# activation copies without selects (every wgmma kernel), stage-2 partials in the output's
+# 16-bit type (the wgmma family), MXFP4 on the warp-specialised kernel (opt-in,
+# MOEPLUG_WGMMA_BLOCKS=1). In order:
 #  1. the whole suite on the new defaults;
 #  2. the MXFP4 tests on the warp-specialised MXFP4 kernel;
-#  3. A/B: e9e7571 / new defaults / new + MXFP4 warp-specialised, every case at M = 64, 1024, 4096;
+#  3. A/B: e9e7571 / main / main + MXFP4 warp-specialised, every case at M = 64, 1024, 4096;
 #  4. ncu: the warp-specialised MXFP4 stage 1 at M = 1024 (issue rate, stalls).
 source "$(dirname "$0")/dev_common.sh"
 SUITE_JOBS=8 SUITE_TIMEOUT=240 bash bench/device_check.sh suite 2>&1 | grep -E '^suite|process|FAILED|ERROR' | tee -a "$sum"
