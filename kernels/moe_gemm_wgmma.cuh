@@ -137,9 +137,10 @@ __device__ __forceinline__ void cp_async16_or_zero(u32 dst, const void* src, boo
 #ifdef MP_HOST
   emu_cp_async(dst, src, zero ? 0 : 16);
 #else
-  asm volatile("{\n.reg .pred z;\nsetp.ne.b32 z, %2, 0;\ncp.async.cg.shared.global [%0], [%1], 16, z;\n}"
-               ::"r"(dst), "l"(src), "r"((int)zero)
-               : "memory");
+  asm volatile(
+      "{\n.reg .pred z;\nsetp.ne.b32 z, %2, 0;\ncp.async.cg.shared.global [%0], [%1], 16, z;\n}"
+      ::"r"(dst), "l"(src), "r"((int)zero)
+      : "memory");
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
@@ -256,7 +257,9 @@ __device__ __forceinline__ u64 wg_b_desc(u32 sb, int kk) {
 }
 
 // Descriptor of a warpgroup's activation rows (128-byte swizzled, from sa), K slice kk.
-__device__ __forceinline__ u64 wg_a_desc(u32 sa, int kk) { return wgmma_desc_add(wgmma_desc(sa), 32u * kk); }
+__device__ __forceinline__ u64 wg_a_desc(u32 sa, int kk) {
+  return wgmma_desc_add(wgmma_desc(sa), 32u * kk);
+}
 
 __device__ __forceinline__ void wg_mma(float* d, u64 da, u64 db, int acc) {
 #if ACT_Q
