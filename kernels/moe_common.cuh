@@ -419,8 +419,8 @@ __device__ __forceinline__ void store_down(const Params& p, int e, i64 q, int co
                                            float w) {
   store_partial(p, q * p.H + col, down_value(p, e, col, v, w));
 }
-// Columns col and col + 1 of pair q in one 8-byte store (CUDA), the same bytes as two
-// store_down; col even and H even, as for store_gated2.
+// Columns col and col + 1 of pair q in one store (CUDA; 4 bytes with PARTIALS_16, else 8),
+// the same bytes as two store_down; col even and H even, as for store_gated2.
 __device__ __forceinline__ void store_down2(const Params& p, int e, i64 q, int col, float v0,
                                             float v1, float w) {
   if (col >= p.H) return;

@@ -244,6 +244,18 @@ __device__ __forceinline__ void tma_load_weights(u32 sb, const WgTmaMap* map, in
 // Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile.
 __device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * WG_ROW + ((c ^ (r & 7)) << 4)); }
 
+// Stored weight row R's first 16-byte chunk (its byte offset in the expert's matrix of
+// `wrow_bytes`-byte rows), and the bytes between the row's consecutive chunks: AITER 16x16
+// keeps a 16-row group's chunk column as 256 contiguous bytes.
+#define WG_CHUNK_STRIDE (WLAYOUT == WL_AITER_16X16 ? 256 : 16)
+__device__ __forceinline__ i64 wg_row_chunk0(int R, i64 wrow_bytes) {
+#if WLAYOUT == WL_AITER_16X16
+  return (i64)(R >> 4) * (wrow_bytes / 16) * 256 + (R & 15) * 16;
+#else
+  return (i64)R * wrow_bytes;
+#endif
+}
+
 // Descriptor of a warpgroup's weight rows, K slice kk (16-bit: 16 values, fp8: 32), from their
 // base in the stage (the stage's weight tile plus the warpgroup's first row x 128 bytes, which
 // is also where its TMA box lands): 128-byte swizzled rows (cp.async) or the box's [chunk][row]
@@ -654,11 +666,7 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     int r = 16 * ((tid >> 7) + 2 * i) + (tid & 15);
     bool ok;
     int R = wg_row<GATED>(p, n0, r, ok);
-#if WLAYOUT == WL_AITER_16X16
-    bsrc[i] = ok ? W + (i64)(R >> 4) * (wrow_bytes / 16) * 256 + (R & 15) * 16 : nullptr;
-#else
-    bsrc[i] = ok ? W + (i64)R * wrow_bytes : nullptr;
-#endif
+    bsrc[i] = ok ? W + wg_row_chunk0(R, wrow_bytes) : nullptr;
   }
 
 #if WG_MX4
@@ -667,19 +675,13 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   int mr = 16 * (tid >> 5) + (tid & 15), mc = (tid >> 4) & 1;
   bool mok;
   int mR = wg_row<GATED>(p, n0, mr, mok);
-#if WLAYOUT == WL_AITER_16X16
-  const u8* msrc = W + (i64)(mR >> 4) * (wrow_bytes / 16) * 256 + (mR & 15) * 16;
-  const int mstride = 256;  // bytes between a row's consecutive packs
-#else
-  const u8* msrc = W + (i64)mR * wrow_bytes;
-  const int mstride = 16;
-#endif
+  const u8* msrc = W + wg_row_chunk0(mR, wrow_bytes);
   uint4 mraw = make_uint4(0u, 0u, 0u, 0u);
   u32 mscale = 0u;  // e8m0 (a zero pack decodes to zeros whatever the scale)
   auto mx_fetch = [&](int ks) {
     int kc = 2 * ks + mc;
     bool ok = mok && kc * 32 < K;
-    mraw = ok ? *(const uint4*)(msrc + (i64)kc * mstride) : make_uint4(0u, 0u, 0u, 0u);
+    mraw = ok ? *(const uint4*)(msrc + (i64)kc * WG_CHUNK_STRIDE) : make_uint4(0u, 0u, 0u, 0u);
     mscale = ok ? S[mx_scale_offset(e, mR, Nst, kc, Kst >> 5)] : 127u;
   };
   auto mx_store = [&](int ks) {
@@ -697,11 +699,7 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     for (int i = 0; i < (WG_MX4 ? 0 : WG_B_CHUNKS); ++i) {
       int kc = ks * (WG_ROW / 16) + bc;
       bool ok = bsrc[i] && (i64)kc * 16 < kbytes;
-#if WLAYOUT == WL_AITER_16X16
-      const u8* src = bsrc[i] + (i64)kc * 256;
-#else
-      const u8* src = bsrc[i] + (i64)kc * 16;
-#endif
+      const u8* src = bsrc[i] + (i64)kc * WG_CHUNK_STRIDE;
       cp_async16(sb + swz(16 * ((tid >> 7) + 2 * i) + (tid & 15), bc), ok ? src : (const u8*)p.x,
                  ok ? 16 : 0);
     }
@@ -833,13 +831,8 @@ __device__ void moe_gemm_wg_rs(const Params& p) {
     int c = GATED ? col : col + 8 * h;
     wok[h] = c < (GATED ? p.I : p.H);
     wrow[h] = GATED ? (h == 0 ? gate_row(c, p.Ip) : up_row(c, p.Ip)) : c;
-#if WLAYOUT == WL_AITER_16X16
-    wsrc[h] = W + (i64)(wrow[h] >> 4) * (wrow_bytes / 16) * 256 + (wrow[h] & 15) * 16;
-#else
-    wsrc[h] = W + (i64)wrow[h] * wrow_bytes;
-#endif
+    wsrc[h] = W + wg_row_chunk0(wrow[h], wrow_bytes);
   }
-  const int pstride = WLAYOUT == WL_AITER_16X16 ? 256 : 16;  // bytes between a row's packs
   auto fetch = [&](int ks, WgRsPacks& m) {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -847,7 +840,8 @@ __device__ void moe_gemm_wg_rs(const Params& p) {
       for (int j = 0; j < 2; ++j) {
         int kc = 2 * ks + j;
         bool ok = wok[h] && kc * 32 < K;
-        m.raw[h][j] = ok ? *(const uint4*)(wsrc[h] + (i64)kc * pstride) : make_uint4(0u, 0u, 0u, 0u);
+        m.raw[h][j] =
+            ok ? *(const uint4*)(wsrc[h] + (i64)kc * WG_CHUNK_STRIDE) : make_uint4(0u, 0u, 0u, 0u);
         m.scale[h][j] = ok ? S[mx_scale_offset(e, wrow[h], Nst, kc, Kst >> 5)] : 127u;
       }
   };
@@ -1012,34 +1006,25 @@ __device__ __forceinline__ uint4 ld_shared_v4(u32 addr) {
 
 // The producer thread t's share of a step's packed codes (WG_MX4_WS): weight row t's two
 // 16-byte packs (64 codes), into the stage's pack area as [pack j][row]; zeros for a row past
-// N or codes past K. Bit 0 of `src` marks a row past N (rows start 16-byte aligned).
+// N or codes past K.
 template <bool GATED>
 struct WgPackCopies {
-  const u8* src;  // row t's first pack
-  int stride;     // bytes between a row's consecutive packs
+  const u8* src;  // row t's first pack (the expert's first byte for a row past N)
+  bool row_ok;
   __device__ WgPackCopies(const Params& p, int e, int n0, int t) {
     int Kst = GATED ? p.Hp : p.Ip, Nst = GATED ? 2 * p.Ip : p.Hp;
     i64 wrow_bytes = (i64)Kst / 2;
     const u8* W = (const u8*)(GATED ? p.w13 : p.w2) + (i64)e * Nst * wrow_bytes;
-    bool ok;
-    int R = wg_row<GATED>(p, n0, t, ok);
-#if WLAYOUT == WL_AITER_16X16
-    src = W + (i64)(R >> 4) * (wrow_bytes / 16) * 256 + (R & 15) * 16;
-    stride = 256;
-#else
-    src = W + (i64)R * wrow_bytes;
-    stride = 16;
-#endif
-    if (!ok) src = W + 1;
+    int R = wg_row<GATED>(p, n0, t, row_ok);
+    src = W + (row_ok ? wg_row_chunk0(R, wrow_bytes) : 0);
   }
   __device__ __forceinline__ void copy(u32 sp, int ks, int K, int t) const {
-    bool past_n = (size_t)src & 1u;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       int kc = 2 * ks + j;
-      bool zero = past_n || kc * 32 >= K;
-      const u8* a = (const u8*)((size_t)src & ~(size_t)1) + (zero ? 0 : (i64)kc * stride);
-      cp_async16_or_zero(sp + (u32)(j * WG_B_ROWS * 16 + t * 16), a, zero);
+      bool zero = !row_ok || kc * 32 >= K;
+      cp_async16_or_zero(sp + (u32)(j * WG_B_ROWS * 16 + t * 16),
+                         src + (zero ? 0 : (i64)kc * WG_CHUNK_STRIDE), zero);
     }
   }
 };
