@@ -25,3 +25,7 @@ stamp ab | tee -a "$sum"
 MOEPLUG_WGMMA_BLOCKS=1 NCU_KERNELS=moe_stage1 NCU_SKIP=1 NCU_COUNT=1 NCU_TIMEOUT=100 NCU_LINES=40 \
   bash bench/ncu_profile.sh gpt-oss-120b:mxfp4:1024 2>&1 | grep -E "moe_stage|Duration|DRAM Th|Issued|Eligible|Registers|Achieved" | tee -a "$sum"
 stamp ncu | tee -a "$sum"
+# 5. ncu: the default MXFP4 stage 1 (the tile kernel) at M = 1024 with the new step, stalls.
+NCU_KERNELS=moe_stage1 NCU_SKIP=1 NCU_COUNT=1 NCU_TIMEOUT=100 NCU_LINES=40 \
+  bash bench/ncu_profile.sh gpt-oss-120b:mxfp4:1024 2>&1 | grep -E "moe_stage|Duration|DRAM Th|Issued|Eligible|Registers|Achieved" | tee -a "$sum"
+stamp ncu_tile | tee -a "$sum"
