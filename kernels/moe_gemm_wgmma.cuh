@@ -82,15 +82,33 @@
 #define WG_B_BYTES (WG_B_ROWS * WG_ROW)  // weight tile of one stage
 #define WG_ESIZE (ACT_Q ? 1 : 2)     // operand bytes per value
 #define WG_MX4 (WFMT == WF_MXFP4)    // weights decoded to bf16 into the weight tile
-// MXFP4 on the warp-specialised kernel (WG_MX4_WS): a stage holds the activations and the
-// packed codes (32 bytes per weight row and step, [16-byte chunk][row]); the consumers decode
-// the codes into one of WG_DEC_TILES bf16 weight tiles after the ring and multiply from there.
+// MXFP4 on the warp-specialised kernel (WG_MX4_WS): a stage holds the activations, the packed
+// codes (32 bytes per weight row and step, [16-byte chunk][row]) and their scales; the
+// consumers decode the codes into one of WG_DEC_TILES bf16 weight tiles after the ring and
+// multiply from there.
 #define WG_MX4_WS (WG_MX4 && WG_WS)
 #define WG_PACK_BYTES (WG_B_ROWS * 32)
+// After a stage's packs, their e8m0 scales (2 bytes per weight row), padded to 1 KiB so that
+// every stage's activation tile stays 1024-aligned for the 128-byte swizzle.
+#define WG_MX_SCALE_BYTES 1024
 #define WG_DEC_TILES (WG_MX4_WS ? 3 : 0)
+// WG_DECODERS (0 or 2, MXFP4 warp-specialised): warpgroups beside the two MMA warpgroups that
+// only decode. Every consumer thread then decodes part of a pack (32 / (1 + WG_DECODERS / 2)
+// codes), so twice the warps share a step's decode, as two blocks of the tile kernel do.
+#ifndef WG_DECODERS
+#define WG_DECODERS 0
+#endif
+#if WG_DECODERS && (WG_DECODERS != 2 || !WG_MX4_WS)
+#error "WG_DECODERS: 2 decoding warpgroups, MXFP4 on the warp-specialised kernel only"
+#endif
+// Threads that decode a step's packs and meet at named barrier 1 (wg_consumers_sync).
+#define WG_CONSUMER_THREADS (256 + 128 * WG_DECODERS)
+// 32-bit words of codes (8 each) a consumer thread decodes per step: a step's 256 packs of 4.
+#define WG_DEC_WORDS (4 * 256 / WG_CONSUMER_THREADS)
 // WG_RS: the weights never pass through shared memory, a stage is the activation tile alone.
 #define WG_STAGE_BYTES \
-  (WG_RS ? WG_A_BYTES : WG_A_BYTES + (WG_MX4_WS ? WG_PACK_BYTES : WG_B_BYTES))
+  (WG_RS ? WG_A_BYTES \
+         : WG_A_BYTES + (WG_MX4_WS ? WG_PACK_BYTES + WG_MX_SCALE_BYTES : WG_B_BYTES))
 #if WG_MX4 && (ACT_Q || ACT_F16 || WG_B_ROWS != 128)
 #error "MXFP4 weights: bf16 activations, 128 weight rows per block (one pack per thread)"
 #endif
@@ -335,13 +353,13 @@ __device__ __forceinline__ int wg_row(const Params& p, int n0, int r, bool& ok) 
 #error "FUSED_QUANT2: fp8 1x128 activations on 64-row tiles, WG_N 128 (heuristics.rs)"
 #endif
 
-// Named barrier 1: the 256 threads of the two MMA warpgroups (the warp-specialised kernel's
-// producer never meets it).
+// Named barrier 1: the 256 threads of the two MMA warpgroups, and with WG_DECODERS the
+// decoding warpgroups (the warp-specialised kernel's producer never meets it).
 __device__ __forceinline__ void wg_consumers_sync() {
 #ifdef MP_HOST
   emu_consumers_barrier->arrive_and_wait();
 #else
-  asm volatile("bar.sync 1, 256;" ::: "memory");
+  asm volatile("bar.sync 1, %0;" ::"n"(WG_CONSUMER_THREADS) : "memory");
 #endif
 }
 
@@ -547,32 +565,34 @@ __device__ __forceinline__ const u8* wg_act_row(const Params& p, int q, int K) {
 }
 
 #if WG_MX4
-// A 16-byte pack of 32 MXFP4 codes (weight row mr, codes 32 mc .. 32 mc + 31 of the step)
-// with its e8m0 scale, as bf16 into chunks 4 mc .. 4 mc + 3 of row mr of the 128-byte-swizzled
-// weight tile at sb. In two copies, chosen by the warp-uniform "a scale above 2": predicated
-// off, the second multiply still took an issue slot per code pair, and one multiplier is one
-// IMAD. Chunk 4 mc + i lands at chunk 4 mc's address with i xored into bits 4-5 (the swizzle
-// xors the chunk index, and the tile is 1024-aligned): one xor per store, where the compiler
-// rebuilt each swizzled address in the step.
-__device__ __forceinline__ void mx_store_pack(u32 sb, uint4 raw, u32 scale, int mr, int mc) {
+// Words c0 .. c0 + W - 1 of a 16-byte pack of 32 MXFP4 codes (weight row mr, codes
+// 32 mc .. 32 mc + 31 of the step; word i holds codes 8 i .. 8 i + 7) with their e8m0 scale,
+// as bf16 into chunks 4 mc + i of row mr of the 128-byte-swizzled weight tile at sb. In two
+// copies, chosen by the warp-uniform "a scale above 2": predicated off, the second multiply
+// still took an issue slot per code pair, and one multiplier is one IMAD. Chunk 4 mc + i lands
+// at chunk 4 mc's address with i xored into bits 4-5 (the swizzle xors the chunk index, and
+// the tile is 1024-aligned): one xor per store, where the compiler rebuilt each swizzled
+// address in the step.
+template <int W>
+__device__ __forceinline__ void mx_store_words(u32 sb, const u32 (&words)[W], u32 scale, int mr,
+                                               int mc, int c0) {
   u32 at0 = sb + swz(mr, 4 * mc);
   auto store = [&](auto twice_case) {
     constexpr bool TWICE = decltype(twice_case)::value;
-    u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
     u32 f1, f2 = 0u;
     if (TWICE)
       mx_factors(scale, f1, f2);
     else
       f1 = mx_factor_small(scale);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // word i: codes 8 i .. 8 i + 7 -> one 16-byte chunk
-      u32 o[4];
+    for (int i = 0; i < W; ++i) {  // one word -> one 16-byte chunk
+      u32 o[4], at = at0 ^ (u32)((c0 + i) << 4);
       mx_e2m1_word(words[i], f1, f2, TWICE, o);
 #ifdef MP_HOST
-      emu_st_shared_v4(at0 ^ (u32)(i << 4), o);
+      emu_st_shared_v4(at, o);
 #else
-      asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(at0 ^ (u32)(i << 4)),
-                   "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3])
+      asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(at), "r"(o[0]), "r"(o[1]),
+                   "r"(o[2]), "r"(o[3])
                    : "memory");
 #endif
     }
@@ -581,6 +601,10 @@ __device__ __forceinline__ void mx_store_pack(u32 sb, uint4 raw, u32 scale, int 
     store(mp_bool<true>{});
   else
     store(mp_bool<false>{});
+}
+__device__ __forceinline__ void mx_store_pack(u32 sb, uint4 raw, u32 scale, int mr, int mc) {
+  const u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
+  mx_store_words(sb, words, scale, mr, mc, 0);
 }
 #endif
 
@@ -731,7 +755,6 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
 #if WG_MX4
     // Stage ks % WG_STAGES was last read by step ks - WG_STAGES, done before the last barrier.
     mx_store(ks);
-    if (ks + 1 < nk) mx_fetch(ks + 1);  // next step's pack flies during this step
 #endif
     cp_async_wait<WG_STAGES - 3>();  // this thread's copies of step ks have landed
     fence_proxy_async();  // the copies and the decoded weights, for the async proxy
@@ -739,6 +762,12 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     mbar_wait(full0 + 8 * (ks % WG_STAGES), (ks / WG_STAGES) & 1);  // the weight tile too
 #endif
     __syncthreads();  // everyone's have; and every warpgroup is done with step ks - 2
+#if WG_MX4
+    // The next step's pack flies during this step's MMAs. Not before the fence: its
+    // MEMBAR.ALL.CTA waits for the thread's loads in flight, so a load issued there was
+    // waited for in full every step.
+    if (ks + 1 < nk) mx_fetch(ks + 1);
+#endif
     if (ks + WG_STAGES - 2 < nk) load_step(ks + WG_STAGES - 2);
     cp_async_commit();
     if (!busy) continue;  // its part of the copies and the barrier done, nothing to multiply
@@ -951,27 +980,37 @@ __device__ void moe_gemm_wg_rs(const Params& p) {
 #if WG_N == 256 && WG_FOLD
 #error "128 x 256 blocks: 16-bit operands (fp8 partial sums need a second accumulator)"
 #endif
-#define WG_WS_THREADS 384
+#define WG_WS_THREADS (384 + 128 * WG_DECODERS)
 // 128 x 256 blocks: each consumer thread holds 128 accumulators, more than the 168 registers
 // per thread that 384 threads get. The producer (addresses and copies) gives registers back
-// and the consumers take them (setmaxnreg): 128 x 40 + 256 x 232 = 64,512 of the SM's 65,536,
-// what the launch allocated (384 x 168).
-#define WG_WS_PRODUCER_REGS 40
-#define WG_WS_CONSUMER_REGS 232
+// and the consumers take them (setmaxnreg), within what the launch allocated to the block:
+// 128 x 40 + 256 x 232 = 384 x 168. With WG_DECODERS the 640 threads get 96 each; the producer
+// and the decoders give back, the MMA warpgroups (their 64 accumulators, their share of the
+// decode, the epilogue) take the rest: 128 x 48 + 256 x 64 + 256 x 152 = 640 x 96.
+#define WG_WS_SETMAXNREG (WG_N == 256 || WG_DECODERS)
+#define WG_WS_PRODUCER_REGS (WG_DECODERS ? 48 : 40)
+#define WG_WS_CONSUMER_REGS (WG_DECODERS ? 152 : 232)
+#define WG_WS_DECODER_REGS 64
+static_assert(!WG_WS_SETMAXNREG ||
+                  128 * WG_WS_PRODUCER_REGS + 128 * WG_DECODERS * WG_WS_DECODER_REGS +
+                          256 * WG_WS_CONSUMER_REGS <=
+                      WG_WS_THREADS * ((65536 / WG_WS_THREADS) & ~7),
+              "setmaxnreg: more registers than the launch allocates to the block");
 template <int REGS>
 __device__ __forceinline__ void wg_regs_dec() {
-#if !defined(MP_HOST) && WG_N == 256
+#if !defined(MP_HOST) && WG_WS_SETMAXNREG
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS));
 #endif
 }
 template <int REGS>
 __device__ __forceinline__ void wg_regs_inc() {
-#if !defined(MP_HOST) && WG_N == 256
+#if !defined(MP_HOST) && WG_WS_SETMAXNREG
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
 #endif
 }
-// 128 producer threads' cp.async, plus the TMA's expect_tx (not for MXFP4's packs)
-#define WG_FULL_ARRIVALS (WG_MX4 ? 128 : 129)
+// The 128 producer threads' cp.async, plus the TMA's expect_tx; MXFP4 (no TMA): plus the 128
+// producer threads' arrivals after storing the step's scales.
+#define WG_FULL_ARRIVALS (WG_MX4 ? 256 : 129)
 // One per consumer warp that reads a stage (WG_KSPLIT: one warpgroup's steps).
 #define WG_EMPTY_ARRIVALS (WG_KSPLIT ? 4 : 8)
 
@@ -991,34 +1030,74 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 }
 
 #if WG_MX4
-__device__ __forceinline__ uint4 ld_shared_v4(u32 addr) {
-  uint4 v;
+__device__ __forceinline__ u32 ld_shared_u8(u32 addr) {
 #ifdef MP_HOST
-  memcpy(&v, emu_shared_ptr(addr, 16), 16);
+  return *(const u8*)emu_shared_ptr(addr, 1);
 #else
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr)
-               : "memory");
-#endif
+  u32 v;
+  asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
   return v;
+#endif
+}
+__device__ __forceinline__ void st_shared_u16(u32 addr, u32 v) {
+#ifdef MP_HOST
+  u16 h = (u16)v;
+  memcpy(emu_shared_ptr(addr, 2), &h, 2);
+#else
+  asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"((u16)v) : "memory");
+#endif
+}
+// W (2 or 4) consecutive 32-bit words of shared memory, one load.
+template <int W>
+__device__ __forceinline__ void ld_shared_words(u32 addr, u32 (&v)[W]) {
+  static_assert(W == 2 || W == 4, "a v2 or v4 load");
+#ifdef MP_HOST
+  memcpy(v, emu_shared_ptr(addr, 4 * W), 4 * W);
+#else
+  if constexpr (W == 4)
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                 : "r"(addr)
+                 : "memory");
+  else
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v[0]), "=r"(v[1]) : "r"(addr) : "memory");
+#endif
 }
 
-// The producer thread t's share of a step's packed codes (WG_MX4_WS): weight row t's two
-// 16-byte packs (64 codes), into the stage's pack area as [pack j][row]; zeros for a row past
-// N or codes past K.
+// The producer thread t's share of a step's packed codes and scales (WG_MX4_WS): weight row
+// t's two 16-byte packs (64 codes) by cp.async into the stage's pack area as [pack j][row],
+// zeros for a row past N or codes past K; and the row's two e8m0 scales of the step, stored
+// as 2 bytes at [row] of the stage's scale area (127, a scale of 1, where the codes are
+// zeros). The scales are loaded WG_SCALE_AHEAD steps before they are stored: the producer's
+// stores wait for them, and a load in a consumer would be waited for by the fence of its
+// decode (MEMBAR.ALL.CTA waits for the thread's loads in flight).
+#define WG_SCALE_AHEAD 3
 template <bool GATED>
 struct WgPackCopies {
-  const u8* src;  // row t's first pack (the expert's first byte for a row past N)
+  const u8* src;   // row t's first pack (the expert's first byte for a row past N)
+  const u8* srow;  // row t's scales (the row part of their offsets)
+  int K;
   bool row_ok;
-  __device__ WgPackCopies(const Params& p, int e, int n0, int t) {
+  u32 ahead[WG_SCALE_AHEAD][2];  // the scales of the next WG_SCALE_AHEAD steps, in flight
+  __device__ WgPackCopies(const Params& p, int e, int n0, int K_, int t) : K(K_) {
     int Kst = GATED ? p.Hp : p.Ip, Nst = GATED ? 2 * p.Ip : p.Hp;
     i64 wrow_bytes = (i64)Kst / 2;
     const u8* W = (const u8*)(GATED ? p.w13 : p.w2) + (i64)e * Nst * wrow_bytes;
     int R = wg_row<GATED>(p, n0, t, row_ok);
     src = W + (row_ok ? wg_row_chunk0(R, wrow_bytes) : 0);
+    srow = (const u8*)(GATED ? p.w13_scale : p.w2_scale) +
+           (row_ok ? mx_scale_row_part(e, R, Nst, Kst >> 5) : 0);
+#pragma unroll
+    for (int i = 0; i < WG_SCALE_AHEAD; ++i) load_scales(i, ahead[i]);
   }
-  __device__ __forceinline__ void copy(u32 sp, int ks, int K, int t) const {
+  __device__ __forceinline__ void load_scales(int ks, u32 (&sc)[2]) const {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      int kc = 2 * ks + j;
+      sc[j] = row_ok && kc * 32 < K ? (u32)srow[mx_scale_col_part(kc)] : 127u;
+    }
+  }
+  __device__ __forceinline__ void copy(u32 sp, u32 ss, int ks, int t) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       int kc = 2 * ks + j;
@@ -1026,6 +1105,44 @@ struct WgPackCopies {
       cp_async16_or_zero(sp + (u32)(j * WG_B_ROWS * 16 + t * 16),
                          src + (zero ? 0 : (i64)kc * WG_CHUNK_STRIDE), zero);
     }
+    st_shared_u16(ss + 2 * t, ahead[0][0] | ahead[0][1] << 8);
+#pragma unroll
+    for (int i = 0; i + 1 < WG_SCALE_AHEAD; ++i) {
+      ahead[i][0] = ahead[i + 1][0];
+      ahead[i][1] = ahead[i + 1][1];
+    }
+    load_scales(ks + WG_SCALE_AHEAD, ahead[WG_SCALE_AHEAD - 1]);
+  }
+};
+
+// Ring step it's decoded weight tile (WG_MX4_WS), one of WG_DEC_TILES after the ring.
+__device__ __forceinline__ u32 wg_dec_tile(u32 base, u32 it) {
+  return base + WG_STAGES * WG_STAGE_BYTES + (it % WG_DEC_TILES) * WG_B_BYTES;
+}
+
+// Consumer thread d's share of a step's decode (WG_MX4_WS): words c0 .. c0 + WG_DEC_WORDS - 1
+// (c0 = (d / 256) WG_DEC_WORDS) of pack d % 256, weight row mr, codes 32 mc .. 32 mc + 31 (the
+// tile kernel's assignment), with its scale, both from the ring stage.
+struct WgPackDecoder {
+  int mr, mc, c0;
+  __device__ explicit WgPackDecoder(int d) {
+    int q = d & 255;
+    mr = 16 * (q >> 5) + (q & 15);
+    mc = (q >> 4) & 1;
+    c0 = (d >> 8) * WG_DEC_WORDS;
+  }
+  // The packs and scales of the ring stage at sp into the step's tile at sdec, which every
+  // consumer may read after this (the fence makes it visible to wgmma's async proxy, the
+  // barrier to the other threads). sdec (tile it % 3) was last read by step it - 3's MMAs,
+  // which every MMA thread retired (wgmma_wait<1> in step it - 2) before the barrier of step
+  // it - 1.
+  __device__ __forceinline__ void decode(u32 sdec, u32 sp) const {
+    u32 scale = ld_shared_u8(sp + WG_PACK_BYTES + (u32)(2 * mr + mc));
+    u32 words[WG_DEC_WORDS];
+    ld_shared_words(sp + (u32)(mc * WG_B_ROWS * 16 + mr * 16 + 4 * c0), words);
+    mx_store_words(sdec, words, scale, mr, mc, c0);
+    fence_proxy_async();
+    wg_consumers_sync();
   }
 };
 #endif
@@ -1103,7 +1220,7 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       int e = tile_expert[tile];
       WgActCopies<GATED, 128> acts(p, sorted + tile * BM, K, tid);
 #if WG_MX4
-      WgPackCopies<GATED> packs(p, e, n0, tid);
+      WgPackCopies<GATED> packs(p, e, n0, K, tid);
 #else
       int group = wg_tma_group<GATED>(e, Nst, n0);
 #endif
@@ -1117,18 +1234,37 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
           continue;
         }
 #if WG_MX4
-        packs.copy(sa + WG_A_BYTES, ks, K, tid);
+        packs.copy(sa + WG_A_BYTES, sa + WG_A_BYTES + WG_PACK_BYTES, ks, tid);
 #else
         if (tid == 0 && it >= early)  // the first `early` steps' copies started before the wait
           tma_load_weights<GATED>(sa + WG_A_BYTES, wmap, group, ks, bar);
 #endif
         acts.copy(sa, ks, (int)kbytes, tid);
         cp_async_arrive(bar);
+        if (WG_MX4) mbar_arrive(bar);  // after the scales' stores (a release)
       }
     }
     cp_async_wait<0>();
     return;
   }
+#if WG_DECODERS
+  if (tid >= 384) {
+    // Decoders: their share of each step's packs, in step with the MMA warpgroups (the
+    // barrier in decode); the MMA warpgroups alone release the ring's stages, after the
+    // barrier that follows every decoder's reads of them.
+    wg_regs_dec<WG_WS_DECODER_REGS>();
+    const WgPackDecoder dec(tid - 128);
+    u32 it = 0;  // ring steps decoded
+    for (int w = blockIdx.x; w < work; w += gridDim.x) {
+      for (int ks = 0; ks < nk; ++ks, ++it) {
+        int st = it % WG_STAGES;
+        mbar_wait(full0 + 8 * st, (it / WG_STAGES) & 1);
+        dec.decode(wg_dec_tile(base, it), base + (u32)st * WG_STAGE_BYTES + WG_A_BYTES);
+      }
+    }
+    return;
+  }
+#endif
 
   // Consumers: warpgroup wg multiplies its rows of the tile by its weight rows (wg_a_row0,
   // wg_b_row0).
@@ -1136,6 +1272,9 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
   int ctid = tid - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
   int gid = lane >> 2, tig = lane & 3;
   int a_row0 = wg_a_row0(wg), b_row0 = wg_b_row0(wg);
+#if WG_MX4
+  const WgPackDecoder dec(ctid);
+#endif
   u32 it = 0;  // ring steps consumed
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     int tile, n0;
@@ -1144,20 +1283,6 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
     int r0 = tile * BM + a_row0 + 16 * warp + gid;
     int rows[2] = {sorted[r0], sorted[r0 + 8]};
     bool busy = wg_has_rows(sorted[tile * BM + a_row0]);
-#if WG_MX4
-    // This thread's pack of each step: weight row mr, codes 32 mc .. 32 mc + 31 (the tile
-    // kernel's assignment); its e8m0 scale is loaded a step ahead.
-    int mr = 16 * (ctid >> 5) + (ctid & 15), mc = (ctid >> 4) & 1;
-    bool mok;
-    int mR = wg_row<GATED>(p, n0, mr, mok);
-    const u8* srow = (const u8*)(GATED ? p.w13_scale : p.w2_scale) +
-                     (mok ? mx_scale_row_part(e, mR, Nst, (GATED ? p.Hp : p.Ip) >> 5) : 0);
-    auto scale_of = [&](int ks) {
-      int kc = 2 * ks + mc;
-      return mok && kc * 32 < K ? (u32)srow[mx_scale_col_part(kc)] : 127u;
-    };
-    u32 scale = scale_of(0);
-#endif
     float acc[WG_ACC];
 #pragma unroll
     for (int i = 0; i < WG_ACC; ++i) acc[i] = 0.0f;
@@ -1176,19 +1301,8 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
       int st = it % WG_STAGES;
       mbar_wait(full0 + 8 * st, (it / WG_STAGES) & 1);
 #if WG_MX4
-      // Every consumer thread decodes its pack into the step's bf16 tile, which both
-      // warpgroups read after the barrier. Tile it % 3 was last read by step it - 3's MMAs,
-      // which every thread retired (wgmma_wait<1> in step it - 2) before the barrier of it - 1.
-      u32 sdec = base + WG_STAGES * WG_STAGE_BYTES + (it % WG_DEC_TILES) * WG_B_BYTES;
-      {
-        u32 cur = scale;
-        if (ks + 1 < nk) scale = scale_of(ks + 1);
-        uint4 raw = ld_shared_v4(base + (u32)st * WG_STAGE_BYTES + WG_A_BYTES +
-                                 (u32)(mc * WG_B_ROWS * 16 + mr * 16));
-        mx_store_pack(sdec, raw, cur, mr, mc);
-      }
-      fence_proxy_async();  // the decoded tile, for the async proxy
-      wg_consumers_sync();
+      u32 sdec = wg_dec_tile(base, it);
+      dec.decode(sdec, base + (u32)st * WG_STAGE_BYTES + WG_A_BYTES);
 #endif
       // Release the stage at once (an idle warpgroup, or WG_KSPLIT's phantom step past K): it
       // stays in step with the ring's phases.

@@ -150,7 +150,7 @@ static void launch(F kernel, const Params& p, int gx, int gy, int threads,
   // Warpgroups (wgmma) and the dynamic shared memory (gpu_emulator.h).
   for (int g = 0; g < groups / 4; ++g) emu_wg_barrier[g] = new std::barrier<>(4 * EMU_LANES);
 #if FAMILY == FAMILY_WGMMA
-  std::barrier<> consumers(256);
+  std::barrier<> consumers(WG_CONSUMER_THREADS);
   emu_consumers_barrier = &consumers;
 #endif
   std::vector<unsigned char> dyn(dyn_bytes);

@@ -1,10 +1,11 @@
 """MXFP4 on the warp-specialised wgmma kernel (WG_MX4_WS, selected where one block per SM is
 asked: MOEPLUG_WGMMA_BLOCKS=1, read once per process, so each setting runs in a fresh
-process, `child`): the producer copies the packed codes, the consumers decode them into bf16
-weight tiles that both warpgroups multiply from. Each setting is checked against the CPU
-backend and float64, repeated for the same bits and replayed in a CUDA graph. Both kernels
-decode the same bf16 weights and add each row's K in the same order, so the warp-specialised
-kernel's bits must equal the two-blocks-per-SM tile kernel's (the default)."""
+process, `child`): the producer copies the packed codes and their scales, the consumers decode
+them into bf16 weight tiles that both warpgroups multiply from; with MOEPLUG_WGMMA_DECODERS=2
+two more warpgroups share the decode. Each setting is checked against the CPU backend and
+float64, repeated for the same bits and replayed in a CUDA graph. Every kernel decodes the
+same bf16 weights and adds each row's K in the same order, so the warp-specialised kernels'
+bits must equal the two-blocks-per-SM tile kernel's (the default)."""
 
 import pytest
 
@@ -34,13 +35,21 @@ def child(path):
     torch.save(dict(outs=outs), path)
 
 
+SETTINGS = {
+    "tile": {"MOEPLUG_WGMMA_BLOCKS": "2", "MOEPLUG_WGMMA_DECODERS": None},
+    "specialised": {"MOEPLUG_WGMMA_BLOCKS": "1", "MOEPLUG_WGMMA_DECODERS": None},
+    "decoders": {"MOEPLUG_WGMMA_BLOCKS": "1", "MOEPLUG_WGMMA_DECODERS": "2"},
+}
+
+
 def test_warp_specialised_mxfp4_matches_the_cpu_backend_and_the_tile_kernel(tmp_path):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma family runs on sm_90 only")
-    runs = {blocks: run_child("test_wgmma_mxfp4_ws", tmp_path / f"b{blocks}.pt",
-                              {"MOEPLUG_WGMMA_BLOCKS": blocks, "MOEPLUG_GPU_FAMILY": "wgmma"})
-            for blocks in ["1", "2"]}
-    ws, tile = runs["1"]["outs"], runs["2"]["outs"]
-    assert len(ws) == len(MS) * 3 + 1
-    for key, out in ws.items():
-        assert torch.equal(out, tile[key]), f"{key}: warp-specialised and tile kernels differ"
+    runs = {name: run_child("test_wgmma_mxfp4_ws", tmp_path / f"{name}.pt",
+                            {**env, "MOEPLUG_GPU_FAMILY": "wgmma"})["outs"]
+            for name, env in SETTINGS.items()}
+    tile = runs.pop("tile")
+    for name, outs in runs.items():
+        assert len(outs) == len(MS) * 3 + 1
+        for key, out in outs.items():
+            assert torch.equal(out, tile[key]), f"{key}: the {name} and tile kernels differ"

@@ -76,6 +76,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 wgmma_rs: false,     // the default; the opt-in below
                                 wgmma_group: 0, // ungrouped (MOEPLUG_WGMMA_GROUP=0); grouped below
                                 wgmma_ksplit: false, // the K-split variant below
+                                wgmma_decoders: 0,   // the decoding warpgroups below
                                 // the default where the family has it (heuristics)
                                 fused_combine: family.fuses_combine(),
                                 fused_quant2: false, // MOEPLUG_FUSED_QUANT2=0; the default below
@@ -171,6 +172,17 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(specialised);
+                                // MXFP4's warp-specialised kernel with two decoding
+                                // warpgroups (an opt-in, MOEPLUG_WGMMA_DECODERS=2): that
+                                // variant of every configuration with it.
+                                let decoders = (spec.wgmma_ws
+                                    && spec.weight_format == WeightFormat::Mxfp4)
+                                    .then(|| KernelSpec {
+                                        wgmma_decoders: 2,
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(decoders);
                                 // The TMA kernels on 64-row tiles (two TMA boxes a stage, one
                                 // per warpgroup's weight rows; the default for fp8 block-128
                                 // and for few pairs per expert): that variant of every other

@@ -135,6 +135,11 @@ pub fn wgmma_ksplit(spec: &KernelSpec) -> bool {
 /// gpt-oss at M = 256-4096, and on 64-row tiles 10 % faster at M <= 1024 but 47 % slower at
 /// 4096, while the stream family stays ahead at M <= 1024; bench/NOTES.md session 12).
 static WGMMA_RS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_RS"));
+/// `MOEPLUG_WGMMA_DECODERS=2`: MXFP4's warp-specialised kernel (`MOEPLUG_WGMMA_BLOCKS=1`) with
+/// two warpgroups that only decode beside the two that multiply ([`KernelSpec::wgmma_decoders`]),
+/// an opt-in until measured.
+static WGMMA_DECODERS_PREFERENCE: Lazy<Option<u32>> =
+    Lazy::new(|| env_choice("MOEPLUG_WGMMA_DECODERS"));
 /// `MOEPLUG_WGMMA_GROUP=g` (0-1024): the wgmma family takes every column block of g
 /// consecutive sorted tiles before the next g ([`KernelSpec::wgmma_group`]); 0 takes every
 /// tile of a column block first. The default, 8, measured 2-7 % faster than 0 at M = 1024 /
@@ -525,6 +530,10 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
     {
         return Some("register-operand weights: MXFP4 only, without TMA or warp specialisation");
     }
+    // The decoders share the packs the warp-specialised producer copies.
+    if spec.wgmma_decoders != 0 && (spec.wgmma_decoders != 2 || !(spec.wgmma_ws && mxfp4)) {
+        return Some("decoding warpgroups: two, MXFP4 on the warp-specialised kernel only");
+    }
     // Stage 1's fused quantization needs a block's 128 output columns (one 1x128 group).
     if spec.wgmma_ksplit
         && (!spec.wgmma_ws || (spec.wgmma_bm, spec.wgmma_n) != (64, 128) || spec.fused_quant2)
@@ -717,7 +726,7 @@ fn default_tile_rows(format: WeightFormat) -> TileRows {
 /// MXFP4 weights as the register operand where asked) is taken only where the family covers
 /// the result.
 fn wgmma_shape(mut spec: KernelSpec, rows: Option<u32>) -> KernelSpec {
-    let steps: [&dyn Fn(&mut KernelSpec); 5] = [
+    let steps: [&dyn Fn(&mut KernelSpec); 6] = [
         &|s| {
             s.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(s.wgmma_n);
             s.wgmma_bm = rows.unwrap_or(s.wgmma_bm);
@@ -744,6 +753,7 @@ fn wgmma_shape(mut spec: KernelSpec, rows: Option<u32>) -> KernelSpec {
                 s.wgmma_n = s.wgmma_bm;
             }
         },
+        &|s| s.wgmma_decoders = WGMMA_DECODERS_PREFERENCE.unwrap_or(0),
     ];
     for step in steps {
         let mut next = spec.clone();

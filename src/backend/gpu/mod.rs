@@ -587,6 +587,11 @@ impl GpuBackend {
         let mut s = spec.clone();
         s.wgmma_tma &= self.api.cuTensorMapEncodeTiled.is_some();
         s.wgmma_ws &= s.wgmma_tma || s.weight_format == WeightFormat::Mxfp4;
+        // What only the warp-specialised kernel has goes with it.
+        s.wgmma_ksplit &= s.wgmma_ws;
+        if !s.wgmma_ws {
+            s.wgmma_decoders = 0;
+        }
         if self.api.cuLaunchKernelEx.is_none() {
             s.pdl = spec::Pdl::Off;
         }
@@ -825,6 +830,7 @@ fn default_spec() -> spec::KernelSpec {
         wgmma_rs: false,
         wgmma_group: 0,
         wgmma_ksplit: false,
+        wgmma_decoders: 0,
         fused_combine: false,
         fused_quant2: false,
         route_quant1: false,

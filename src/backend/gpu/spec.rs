@@ -250,6 +250,10 @@ pub struct KernelSpec {
     /// `wgmma_n` weight rows and split K (`WG_KSPLIT`), so a block covers half the rows and a
     /// launch has twice the work items (an opt-in: [`heuristics::wgmma_ksplit`]).
     pub wgmma_ksplit: bool,
+    /// Wgmma family, MXFP4 on the warp-specialised kernel: warpgroups beside the two MMA
+    /// warpgroups that only decode the packs (`WG_DECODERS`, 0 or 2), so that a step's decode
+    /// is shared by 16 warps, not 8 (an opt-in: `MOEPLUG_WGMMA_DECODERS=2`).
+    pub wgmma_decoders: u32,
     /// The top-k combine runs at the end of stage 2 instead of as `moe_reduce`
     /// (`FUSED_COMBINE`; [`Family::fuses_combine`] families on CUDA only).
     pub fused_combine: bool,
@@ -298,6 +302,7 @@ impl KernelSpec {
             wgmma_rs: false,
             wgmma_group: 0,
             wgmma_ksplit: false,
+            wgmma_decoders: 0,
             fused_combine: false,
             fused_quant2: false,
             route_quant1: false,
@@ -306,10 +311,10 @@ impl KernelSpec {
     }
 
     /// Threads of a stage-1 / stage-2 block (the warp-specialised wgmma kernel adds a
-    /// producer warpgroup to the two that multiply).
+    /// producer warpgroup, and any decoding warpgroups, to the two that multiply).
     pub fn gemm_threads(&self) -> u32 {
         if self.family == Family::Wgmma && self.wgmma_ws {
-            384
+            384 + 128 * self.wgmma_decoders
         } else {
             256
         }
@@ -393,7 +398,8 @@ impl KernelSpec {
         let weights = if self.wgmma_rs {
             0
         } else if self.wgmma_decodes_packs() {
-            self.wgmma_block_rows() * 32 // a step's 64 codes per row, packed
+            // a step's 64 codes per row, packed; their two scales per row, in 1 KiB
+            self.wgmma_block_rows() * 32 + 1024
         } else {
             self.wgmma_block_rows() * 128
         };
@@ -558,6 +564,7 @@ impl KernelSpec {
             d.push(format!("WG_RS={}", b(self.wgmma_rs)));
             d.push(format!("WG_GROUP={}", self.wgmma_group));
             d.push(format!("WG_KSPLIT={}", b(self.wgmma_ksplit)));
+            d.push(format!("WG_DECODERS={}", self.wgmma_decoders));
             d.push(format!("FUSED_QUANT2={}", b(self.fused_quant2)));
         }
         d
