@@ -11,7 +11,8 @@
 #  1. the whole suite on the new defaults;
 #  2. the MXFP4 tests on the warp-specialised kernel, then with the decoding warpgroups;
 #  3. A/B: e9e7571 / main, every case at M = 64, 1024, 4096;
-#  4. A/B of MXFP4: main / warp-specialised / with decoding warpgroups, M = 256, 1024, 4096;
+#  4. A/B of MXFP4: main / warp-specialised / with decoding warpgroups / register operand
+#     (its pack loads now after the fence too), M = 256, 1024, 4096;
 #  5. ncu (stall reasons) of MXFP4 stage 1 at M = 1024: the tile kernel, the decoders kernel.
 source "$(dirname "$0")/dev_common.sh"
 SUITE_JOBS=8 SUITE_TIMEOUT=240 bash bench/device_check.sh suite 2>&1 | grep -E '^suite|process|FAILED|ERROR' | tee -a "$sum"
@@ -27,8 +28,9 @@ OUT=/tmp/ab1 ROUNDS=2 AB_TIMEOUT=100 bash bench/ab.sh \
   -- --ms 64,1024,4096 2>&1 | tail -17 | tee -a "$sum"
 stamp ab | tee -a "$sum"
 OUT=/tmp/ab2 ROUNDS=2 AB_TIMEOUT=80 bash bench/ab.sh "" "MOEPLUG_WGMMA_BLOCKS=1" \
-  "MOEPLUG_WGMMA_BLOCKS=1 MOEPLUG_WGMMA_DECODERS=2" -- --cases gptoss_mxfp4 --ms 256,1024,4096 \
-  2>&1 | tail -6 | tee -a "$sum"
+  "MOEPLUG_WGMMA_BLOCKS=1 MOEPLUG_WGMMA_DECODERS=2" "MOEPLUG_WGMMA_RS=1" -- --cases gptoss_mxfp4 \
+  --ms 256,1024,4096 \
+  2>&1 | tail -5 | tee -a "$sum"
 stamp ab_mx4 | tee -a "$sum"
 for v in "" "MOEPLUG_WGMMA_BLOCKS=1 MOEPLUG_WGMMA_DECODERS=2"; do
   env $v NCU_WHAT=breakdown NCU_KERNELS=moe_stage1 NCU_SKIP=1 NCU_COUNT=1 NCU_TIMEOUT=100 NCU_LINES=80 \

@@ -901,16 +901,17 @@ __device__ void moe_gemm_wg_rs(const Params& p) {
   WgRsPacks packs[2];
   fetch(0, packs[0]);
   if (nk > 1) fetch(1, packs[1]);
-  // One step: its fragments from the packs fetched two steps before, then the packs of step
-  // ks + 2 into the same registers, then the MMAs. Two register sets of fragments alternate,
-  // so a step's decode never writes the registers of the MMAs still in flight (step ks - 1);
+  // One step: its fragments from the packs fetched two steps before, then (after the fence:
+  // its MEMBAR.ALL.CTA waits for the thread's loads in flight) the packs of step ks + 2 into
+  // the same registers, then the MMAs. Two register sets of fragments alternate, so a step's
+  // decode never writes the registers of the MMAs still in flight (step ks - 1);
   // wgmma_wait<1> at the end retires step ks - 1 before step ks + 1 rewrites its set.
   auto step = [&](int ks, WgRsPacks& m, u32 (&a)[4][4]) {
     decode(m, a);
-    if (ks + 2 < nk) fetch(ks + 2, m);
     cp_async_wait<WG_STAGES - 3>();  // this thread's activation copies of step ks have landed
     fence_proxy_async();
     __syncthreads();  // everyone's have; and both warpgroups are done with step ks - 2's stage
+    if (ks + 2 < nk) fetch(ks + 2, m);
     if (ks + WG_STAGES - 2 < nk)
       acts.copy(base + (u32)((ks + WG_STAGES - 2) % WG_STAGES) * WG_STAGE_BYTES,
                 ks + WG_STAGES - 2, (int)kbytes, tid);
