@@ -175,7 +175,8 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 // MXFP4's warp-specialised kernel with two decoding
                                 // warpgroups (an opt-in, MOEPLUG_WGMMA_DECODERS=2): that
                                 // variant of every configuration with it.
-                                let decoders = (spec.wgmma_ws
+                                let decoders = (family == Family::Wgmma
+                                    && spec.wgmma_ws
                                     && spec.weight_format == WeightFormat::Mxfp4)
                                     .then(|| KernelSpec {
                                         wgmma_decoders: 2,

@@ -1437,6 +1437,31 @@ mod tests {
             }),
             None
         );
+        // Two decoding warpgroups: on the warp-specialised MXFP4 kernel, and only two.
+        let decoders = "decoding warpgroups: two, MXFP4 on the warp-specialised kernel only";
+        assert_eq!(
+            why(&KernelSpec {
+                wgmma_decoders: 2,
+                ..ws.clone()
+            }),
+            None
+        );
+        for refused in [
+            KernelSpec {
+                wgmma_decoders: 2,
+                ..tile.clone()
+            },
+            KernelSpec {
+                wgmma_decoders: 1,
+                ..ws.clone()
+            },
+            KernelSpec {
+                wgmma_decoders: 4,
+                ..ws.clone()
+            },
+        ] {
+            assert_eq!(why(&refused), Some(decoders), "{refused:?}");
+        }
         assert!(why(&KernelSpec {
             wgmma_bm: 64,
             wgmma_n: 64,
