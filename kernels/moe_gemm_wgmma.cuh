@@ -92,6 +92,15 @@
 // every stage's activation tile stays 1024-aligned for the 128-byte swizzle.
 #define WG_MX_SCALE_BYTES 1024
 #define WG_DEC_TILES (WG_MX4_WS ? 3 : 0)
+// The MXFP4 tile kernel (neither warp-specialised nor register-operand): each thread copies its
+// pack of a step (16 bytes) and the 4-byte word that holds its scale WG_MX_AHEAD steps ahead
+// into its part of slot ks % WG_MX_SLOTS after the ring. A thread reads only what it copied,
+// so the slots need no barrier; the ring's stages (3 at two blocks per SM) are what the
+// activation copies and the decoded tile need.
+#define WG_MX_TILE (WG_MX4 && !WG_WS && !WG_RS)
+#define WG_MX_AHEAD 2
+#define WG_MX_SLOTS (WG_MX_TILE ? WG_MX_AHEAD + 1 : 0)
+#define WG_MX_SLOT_BYTES (THREADS * 20)
 // WG_DECODERS (0 or 2, MXFP4 warp-specialised): warpgroups beside the two MMA warpgroups that
 // only decode. Every consumer thread then decodes part of a pack (32 / (1 + WG_DECODERS / 2)
 // codes), so twice the warps share a step's decode, as two blocks of the tile kernel do.
@@ -128,7 +137,8 @@
 #define WG_B_CHUNKS (WG_B_BYTES / 16 / THREADS)
 #define WG_ACC (WG_N / 2)  // accumulator registers per thread
 // + 1024: the base is aligned up
-#if WG_SMEM_BYTES < WG_STAGES * WG_STAGE_BYTES + WG_DEC_TILES * WG_B_BYTES + 1024
+#if WG_SMEM_BYTES < \
+    WG_STAGES * WG_STAGE_BYTES + WG_DEC_TILES * WG_B_BYTES + WG_MX_SLOTS * WG_MX_SLOT_BYTES + 1024
 #error "WG_SMEM_BYTES does not hold the ring (and the decoded weight tiles)"
 #endif
 
@@ -157,6 +167,17 @@ __device__ __forceinline__ void cp_async16_or_zero(u32 dst, const void* src, boo
 #else
   asm volatile(
       "{\n.reg .pred z;\nsetp.ne.b32 z, %2, 0;\ncp.async.cg.shared.global [%0], [%1], 16, z;\n}"
+      ::"r"(dst), "l"(src), "r"((int)zero)
+      : "memory");
+#endif
+}
+// 4 bytes global -> shared (4-byte copies go through L1: .ca), zeros when `zero`.
+__device__ __forceinline__ void cp_async4_or_zero(u32 dst, const void* src, bool zero) {
+#ifdef MP_HOST
+  emu_cp_async_n(dst, src, 4, zero ? 0 : 4);
+#else
+  asm volatile(
+      "{\n.reg .pred z;\nsetp.ne.b32 z, %2, 0;\ncp.async.ca.shared.global [%0], [%1], 4, z;\n}"
       ::"r"(dst), "l"(src), "r"((int)zero)
       : "memory");
 #endif
@@ -602,9 +623,41 @@ __device__ __forceinline__ void mx_store_words(u32 sb, const u32 (&words)[W], u3
   else
     store(mp_bool<false>{});
 }
-__device__ __forceinline__ void mx_store_pack(u32 sb, uint4 raw, u32 scale, int mr, int mc) {
-  const u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
-  mx_store_words(sb, words, scale, mr, mc, 0);
+
+__device__ __forceinline__ u32 ld_shared_u8(u32 addr) {
+#ifdef MP_HOST
+  return *(const u8*)emu_shared_ptr(addr, 1);
+#else
+  u32 v;
+  asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+#endif
+}
+__device__ __forceinline__ void st_shared_u16(u32 addr, u32 v) {
+#ifdef MP_HOST
+  u16 h = (u16)v;
+  memcpy(emu_shared_ptr(addr, 2), &h, 2);
+#else
+  asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"((u16)v) : "memory");
+#endif
+}
+// W (1, 2 or 4) consecutive 32-bit words of shared memory, one load.
+template <int W>
+__device__ __forceinline__ void ld_shared_words(u32 addr, u32 (&v)[W]) {
+  static_assert(W == 1 || W == 2 || W == 4, "a u32, v2 or v4 load");
+#ifdef MP_HOST
+  memcpy(v, emu_shared_ptr(addr, 4 * W), 4 * W);
+#else
+  if constexpr (W == 4)
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                 : "r"(addr)
+                 : "memory");
+  else if constexpr (W == 2)
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v[0]), "=r"(v[1]) : "r"(addr) : "memory");
+  else
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v[0]) : "r"(addr) : "memory");
+#endif
 }
 #endif
 
@@ -693,23 +746,37 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     bsrc[i] = ok ? W + wg_row_chunk0(R, wrow_bytes) : nullptr;
   }
 
-#if WG_MX4
+#if WG_MX_TILE
   // This thread's weight pack: row mr (rows (tid & 15) of 16-row group tid >> 5), 32 codes
-  // from column 32 (2 ks + mc).
+  // from column 32 (2 ks + mc), and its e8m0 scale: by cp.async into the thread's part of a
+  // slot (WG_MX_TILE above; a pack past N or K is zeros, its scale word too). The scale's
+  // word is the aligned 4 bytes that hold it (4-byte copies need 4-byte sources): they lie in
+  // the same 16-byte line as the scale, inside the allocation.
   int mr = 16 * (tid >> 5) + (tid & 15), mc = (tid >> 4) & 1;
   bool mok;
   int mR = wg_row<GATED>(p, n0, mr, mok);
   const u8* msrc = W + wg_row_chunk0(mR, wrow_bytes);
-  uint4 mraw = make_uint4(0u, 0u, 0u, 0u);
-  u32 mscale = 0u;  // e8m0 (a zero pack decodes to zeros whatever the scale)
+  const u8* mscales = S + (mok ? mx_scale_row_part(e, mR, Nst, Kst >> 5) : 0);
+  auto mx_slot = [&](int ks) {
+    return base + WG_STAGES * WG_STAGE_BYTES + (u32)(ks % WG_MX_SLOTS) * WG_MX_SLOT_BYTES;
+  };
   auto mx_fetch = [&](int ks) {
     int kc = 2 * ks + mc;
-    bool ok = mok && kc * 32 < K;
-    mraw = ok ? *(const uint4*)(msrc + (i64)kc * WG_CHUNK_STRIDE) : make_uint4(0u, 0u, 0u, 0u);
-    mscale = ok ? S[mx_scale_offset(e, mR, Nst, kc, Kst >> 5)] : 127u;
+    bool zero = !mok || kc * 32 >= K;
+    u32 slot = mx_slot(ks);
+    cp_async16_or_zero(slot + 16 * tid, msrc + (zero ? 0 : (i64)kc * WG_CHUNK_STRIDE), zero);
+    u64 sc = (u64)(mscales + (zero ? 0 : mx_scale_col_part(kc)));
+    cp_async4_or_zero(slot + 16 * THREADS + 4 * tid, (const void*)(sc & ~(u64)3), zero);
   };
   auto mx_store = [&](int ks) {
-    mx_store_pack(base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES, mraw, mscale, mr, mc);
+    int kc = 2 * ks + mc;
+    u32 slot = mx_slot(ks), raw[4];
+    ld_shared_words(slot + 16 * tid, raw);
+    u32 word[1];  // zeros for a zero pack: a scale of 2^-127 times zeros
+    ld_shared_words(slot + 16 * THREADS + 4 * tid, word);
+    u32 at = (u32)((u64)(mscales + mx_scale_col_part(kc)) & 3u);
+    mx_store_words(base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES, raw,
+                   (word[0] >> (8 * at)) & 255u, mr, mc, 0);
   };
 #endif
 
@@ -741,35 +808,47 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   WgFold<GATED> folder(p, e, n0, b_row0, fold_rows);
 #endif
 
+#if WG_MX_TILE
+  // Step j commits two groups: the activations of step j + WG_STAGES - 2, then the pack of
+  // step j + WG_MX_AHEAD. The steps before the first are played here, so that at every step
+  // the groups pending after this step's copies and pack are the same: step ks - 1's two, or
+  // with 3 stages (the activations one step ahead, after the pack of step ks) the pack alone.
+#pragma unroll
+  for (int j = -(WG_STAGES - 2 > WG_MX_AHEAD ? WG_STAGES - 2 : WG_MX_AHEAD); j < 0; ++j) {
+    if (j + WG_STAGES - 2 >= 0 && j + WG_STAGES - 2 < nk) load_step(j + WG_STAGES - 2);
+    cp_async_commit();
+    if (j + WG_MX_AHEAD >= 0 && j + WG_MX_AHEAD < nk) mx_fetch(j + WG_MX_AHEAD);
+    cp_async_commit();
+  }
+  constexpr int PENDING = WG_STAGES == 3 ? 1 : 2;
+#else
 #pragma unroll
   for (int s = 0; s < WG_STAGES - 2; ++s) {
     if (s < nk) load_step(s);
     cp_async_commit();
   }
+  constexpr int PENDING = WG_STAGES - 3;
+#endif
   u32 a_wg = (u32)(a_row0 * WG_ROW), b_wg = (u32)(b_row0 * WG_ROW);
   bool busy = wg_has_rows(s_row[a_row0]);
-#if WG_MX4
-  mx_fetch(0);
-#endif
   for (int ks = 0; ks < nk; ++ks) {
-#if WG_MX4
+    cp_async_wait<PENDING>();  // this thread's copies of step ks (and its pack) have landed
+#if WG_MX_TILE
     // Stage ks % WG_STAGES was last read by step ks - WG_STAGES, done before the last barrier.
     mx_store(ks);
 #endif
-    cp_async_wait<WG_STAGES - 3>();  // this thread's copies of step ks have landed
     fence_proxy_async();  // the copies and the decoded weights, for the async proxy
 #if WG_TMA
     mbar_wait(full0 + 8 * (ks % WG_STAGES), (ks / WG_STAGES) & 1);  // the weight tile too
 #endif
     __syncthreads();  // everyone's have; and every warpgroup is done with step ks - 2
-#if WG_MX4
-    // The next step's pack flies during this step's MMAs. Not before the fence: its
-    // MEMBAR.ALL.CTA waits for the thread's loads in flight, so a load issued there was
-    // waited for in full every step.
-    if (ks + 1 < nk) mx_fetch(ks + 1);
-#endif
     if (ks + WG_STAGES - 2 < nk) load_step(ks + WG_STAGES - 2);
     cp_async_commit();
+#if WG_MX_TILE
+    // Into the slot of step ks, whose pack this thread read above.
+    if (ks + WG_MX_AHEAD < nk) mx_fetch(ks + WG_MX_AHEAD);
+    cp_async_commit();
+#endif
     if (!busy) continue;  // its part of the copies and the barrier done, nothing to multiply
     u32 sa = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + a_wg;
     u32 sb = base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES + b_wg;
@@ -1031,40 +1110,6 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 }
 
 #if WG_MX4
-__device__ __forceinline__ u32 ld_shared_u8(u32 addr) {
-#ifdef MP_HOST
-  return *(const u8*)emu_shared_ptr(addr, 1);
-#else
-  u32 v;
-  asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-#endif
-}
-__device__ __forceinline__ void st_shared_u16(u32 addr, u32 v) {
-#ifdef MP_HOST
-  u16 h = (u16)v;
-  memcpy(emu_shared_ptr(addr, 2), &h, 2);
-#else
-  asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"((u16)v) : "memory");
-#endif
-}
-// W (2 or 4) consecutive 32-bit words of shared memory, one load.
-template <int W>
-__device__ __forceinline__ void ld_shared_words(u32 addr, u32 (&v)[W]) {
-  static_assert(W == 2 || W == 4, "a v2 or v4 load");
-#ifdef MP_HOST
-  memcpy(v, emu_shared_ptr(addr, 4 * W), 4 * W);
-#else
-  if constexpr (W == 4)
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-                 : "r"(addr)
-                 : "memory");
-  else
-    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v[0]), "=r"(v[1]) : "r"(addr) : "memory");
-#endif
-}
-
 // The producer thread t's share of a step's packed codes and scales (WG_MX4_WS): weight row
 // t's two 16-byte packs (64 codes) by cp.async into the stage's pack area as [pack j][row],
 // zeros for a row past N or codes past K; and the row's two e8m0 scales of the step, stored

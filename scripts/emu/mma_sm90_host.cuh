@@ -42,35 +42,36 @@
 #include <deque>
 #include <vector>
 
-// ---- cp.async.cg.shared.global [dst], [src], 16, src-size ----------------------------------
+// ---- cp.async.{cg,ca}.shared.global [dst], [src], cp-size, src-size -----------------------
 struct EmuCopy {
   unsigned dst;
   const void* src;
-  int bytes;
+  int bytes;  // src-size: the rest of the cp-size bytes are zeros
+  int size;   // cp-size
 };
 inline thread_local std::vector<EmuCopy> emu_cp_open;                // not yet committed
 inline thread_local std::deque<std::vector<EmuCopy>> emu_cp_groups;  // committed, pending
 
-static inline void emu_cp_async(unsigned dst, const void* src, int src_size) {
-  if (dst % 16) emu_fail("cp.async: shared address not 16-byte aligned", dst);
-  if (src_size < 0 || src_size > 16) emu_fail("cp.async: src-size past cp-size 16", src_size);
-  if (src_size && (uintptr_t)src % 16) emu_fail("cp.async: global address not aligned", (uintptr_t)src);
-  emu_shared_ptr(dst, 16);  // in bounds at issue
-  emu_cp_open.push_back({dst, src, src_size});
+static inline void emu_cp_async_n(unsigned dst, const void* src, int cp_size, int src_size) {
+  if (dst % cp_size) emu_fail("cp.async: shared address not aligned to the cp-size", dst);
+  if (src_size < 0 || src_size > cp_size) emu_fail("cp.async: src-size past cp-size", src_size);
+  if (src_size && (uintptr_t)src % cp_size) emu_fail("cp.async: global address not aligned", (uintptr_t)src);
+  emu_shared_ptr(dst, cp_size);  // in bounds at issue
+  emu_cp_open.push_back({dst, src, src_size, cp_size});
   ++emu_async_pending;
 }
+static inline void emu_cp_async(unsigned dst, const void* src, int src_size) {
+  emu_cp_async_n(dst, src, 16, src_size);
+}
+static inline void emu_cp_run(const std::vector<EmuCopy>& copies);
 static inline void emu_cp_commit() {
   emu_cp_groups.push_back(std::move(emu_cp_open));
   emu_cp_open.clear();
 }
 static inline void emu_cp_wait(int n) {
   while ((int)emu_cp_groups.size() > n) {
-    for (const EmuCopy& c : emu_cp_groups.front()) {
-      unsigned char* d = emu_shared_ptr(c.dst, 16);
-      memcpy(d, c.src, c.bytes);
-      memset(d + c.bytes, 0, 16 - c.bytes);
-      --emu_async_pending;
-    }
+    emu_cp_run(emu_cp_groups.front());
+    emu_async_pending -= (int)emu_cp_groups.front().size();
     emu_cp_groups.pop_front();
   }
 }
@@ -338,7 +339,6 @@ static inline long long emu_tma_run(const EmuTma& t) {
           }
   return bytes;
 }
-static inline void emu_cp_run(const std::vector<EmuCopy>& copies);
 
 static inline void emu_mbar_wait(unsigned bar, unsigned parity) {
   for (;;) {
@@ -366,9 +366,9 @@ static inline void emu_mbar_wait(unsigned bar, unsigned parity) {
 // issued so far has completed (those copies leave the thread's groups).
 static inline void emu_cp_run(const std::vector<EmuCopy>& copies) {
   for (const EmuCopy& c : copies) {
-    unsigned char* d = emu_shared_ptr(c.dst, 16);
+    unsigned char* d = emu_shared_ptr(c.dst, c.size);
     memcpy(d, c.src, c.bytes);
-    memset(d + c.bytes, 0, 16 - c.bytes);
+    memset(d + c.bytes, 0, c.size - c.bytes);
   }
 }
 static inline void emu_cp_async_arrive(unsigned bar) {

@@ -421,6 +421,17 @@ impl KernelSpec {
         }
     }
 
+    /// Wgmma family, the MXFP4 tile kernel (neither warp-specialised nor register-operand):
+    /// each thread's pack and scale word of a step, copied two steps ahead into one of three
+    /// slots after the ring (`WG_MX_SLOTS` x `WG_MX_SLOT_BYTES`: 256 threads x 20 bytes).
+    fn wgmma_pack_slot_bytes(&self) -> usize {
+        if self.weight_format == WeightFormat::Mxfp4 && !self.wgmma_ws && !self.wgmma_rs {
+            3 * 256 * 20
+        } else {
+            0
+        }
+    }
+
     /// Wgmma family: stages of its cp.async ring, as many as the SM's 227 KiB of shared
     /// memory holds for `wgmma_blocks` blocks (at most 5; 6 warp-specialised; 8 with register
     /// weights, whose 16 KiB stages are the only copies in flight; an even count where the
@@ -429,7 +440,8 @@ impl KernelSpec {
         let per_block = 227 * 1024 / self.wgmma_blocks.max(1) as usize
             - 1024
             - self.wgmma_ksplit_bytes()
-            - self.wgmma_decoded_bytes();
+            - self.wgmma_decoded_bytes()
+            - self.wgmma_pack_slot_bytes();
         let most = if self.wgmma_rs {
             8
         } else if self.wgmma_ws {
@@ -460,7 +472,10 @@ impl KernelSpec {
     pub fn dynamic_shared_bytes(&self) -> usize {
         match self.family {
             Family::Wgmma => {
-                self.wgmma_stages() * self.wgmma_stage_bytes() + self.wgmma_decoded_bytes() + 1024
+                self.wgmma_stages() * self.wgmma_stage_bytes()
+                    + self.wgmma_decoded_bytes()
+                    + self.wgmma_pack_slot_bytes()
+                    + 1024
             }
             _ => 0,
         }
