@@ -92,12 +92,19 @@
 // every stage's activation tile stays 1024-aligned for the 128-byte swizzle.
 #define WG_MX_SCALE_BYTES 1024
 #define WG_DEC_TILES (WG_MX4_WS ? 3 : 0)
-// The MXFP4 tile kernel (neither warp-specialised nor register-operand): each thread copies its
-// pack of a step (16 bytes) and the 4-byte word that holds its scale WG_MX_AHEAD steps ahead
-// into its part of slot ks % WG_MX_SLOTS after the ring. A thread reads only what it copied,
-// so the slots need no barrier; the ring's stages (3 at two blocks per SM) are what the
-// activation copies and the decoded tile need.
-#define WG_MX_TILE (WG_MX4 && !WG_WS && !WG_RS)
+// WG_PACK_COPIES (the MXFP4 tile kernel: neither warp-specialised nor register-operand; an
+// opt-in until measured): each thread copies its pack of a step (16 bytes) and the 4-byte
+// word that holds its scale WG_MX_AHEAD steps ahead into its part of slot ks % WG_MX_SLOTS
+// after the ring, instead of loading them into registers one step ahead. A thread reads only
+// what it copied, so the slots need no barrier; the ring's stages (3 at two blocks per SM)
+// are what the activation copies and the decoded tile need.
+#ifndef WG_PACK_COPIES
+#define WG_PACK_COPIES 0
+#endif
+#if WG_PACK_COPIES && !(WG_MX4 && !WG_WS && !WG_RS)
+#error "WG_PACK_COPIES: the MXFP4 tile kernel only"
+#endif
+#define WG_MX_TILE WG_PACK_COPIES
 #define WG_MX_AHEAD 2
 #define WG_MX_SLOTS (WG_MX_TILE ? WG_MX_AHEAD + 1 : 0)
 #define WG_MX_SLOT_BYTES (THREADS * 20)
@@ -778,6 +785,26 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     mx_store_words(base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES, raw,
                    (word[0] >> (8 * at)) & 255u, mr, mc, 0);
   };
+#elif WG_MX4
+  // This thread's weight pack: row mr (rows (tid & 15) of 16-row group tid >> 5), 32 codes
+  // from column 32 (2 ks + mc), and its scale, loaded into registers a step ahead.
+  int mr = 16 * (tid >> 5) + (tid & 15), mc = (tid >> 4) & 1;
+  bool mok;
+  int mR = wg_row<GATED>(p, n0, mr, mok);
+  const u8* msrc = W + wg_row_chunk0(mR, wrow_bytes);
+  u32 mraw[4] = {0u, 0u, 0u, 0u};
+  u32 mscale = 0u;  // e8m0 (a zero pack decodes to zeros whatever the scale)
+  auto mx_fetch = [&](int ks) {
+    int kc = 2 * ks + mc;
+    bool ok = mok && kc * 32 < K;
+    uint4 v = ok ? *(const uint4*)(msrc + (i64)kc * WG_CHUNK_STRIDE) : make_uint4(0u, 0u, 0u, 0u);
+    mraw[0] = v.x, mraw[1] = v.y, mraw[2] = v.z, mraw[3] = v.w;
+    mscale = ok ? S[mx_scale_offset(e, mR, Nst, kc, Kst >> 5)] : 127u;
+  };
+  auto mx_store = [&](int ks) {
+    mx_store_words(base + (u32)(ks % WG_STAGES) * WG_STAGE_BYTES + WG_A_BYTES, mraw, mscale, mr,
+                   mc, 0);
+  };
 #endif
 
   auto load_step = [&](int ks) {
@@ -828,20 +855,33 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     cp_async_commit();
   }
   constexpr int PENDING = WG_STAGES - 3;
+#if WG_MX4
+  mx_fetch(0);
+#endif
 #endif
   u32 a_wg = (u32)(a_row0 * WG_ROW), b_wg = (u32)(b_row0 * WG_ROW);
   bool busy = wg_has_rows(s_row[a_row0]);
   for (int ks = 0; ks < nk; ++ks) {
-    cp_async_wait<PENDING>();  // this thread's copies of step ks (and its pack) have landed
-#if WG_MX_TILE
     // Stage ks % WG_STAGES was last read by step ks - WG_STAGES, done before the last barrier.
+#if WG_MX_TILE
+    cp_async_wait<PENDING>();  // this thread's copies of step ks, and its pack, have landed
     mx_store(ks);
+#else
+#if WG_MX4
+    mx_store(ks);  // the pack in registers: its decode runs while the copies land
+#endif
+    cp_async_wait<PENDING>();  // this thread's copies of step ks have landed
 #endif
     fence_proxy_async();  // the copies and the decoded weights, for the async proxy
 #if WG_TMA
     mbar_wait(full0 + 8 * (ks % WG_STAGES), (ks / WG_STAGES) & 1);  // the weight tile too
 #endif
     __syncthreads();  // everyone's have; and every warpgroup is done with step ks - 2
+#if WG_MX4 && !WG_MX_TILE
+    // The next step's pack flies during this step's MMAs. Not before the fence: its
+    // MEMBAR.ALL.CTA waits for the thread's loads in flight.
+    if (ks + 1 < nk) mx_fetch(ks + 1);
+#endif
     if (ks + WG_STAGES - 2 < nk) load_step(ks + WG_STAGES - 2);
     cp_async_commit();
 #if WG_MX_TILE

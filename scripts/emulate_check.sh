@@ -165,9 +165,9 @@ select_cuda() {
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
     # wgmma: and its weight rows per MMA, blocks per SM, TMA, warp specialisation, work
-    # order, register-operand weights, K split and decoding warpgroups (absent from the
-    # other families).
-    for d in WG_N WG_MIN_BLOCKS WG_TMA WG_WS WG_GROUP WG_RS WG_KSPLIT WG_DECODERS; do
+    # order, register-operand weights, K split, decoding warpgroups and pack copies (absent
+    # from the other families).
+    for d in WG_N WG_MIN_BLOCKS WG_TMA WG_WS WG_GROUP WG_RS WG_KSPLIT WG_DECODERS WG_PACK_COPIES; do
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
     [ -z "${seen[$key]+x}" ] || continue

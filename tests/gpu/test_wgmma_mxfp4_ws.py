@@ -5,7 +5,8 @@ them into bf16 weight tiles that both warpgroups multiply from; with MOEPLUG_WGM
 two more warpgroups share the decode. Each setting is checked against the CPU backend and
 float64, repeated for the same bits and replayed in a CUDA graph. Every kernel decodes the
 same bf16 weights and adds each row's K in the same order, so the warp-specialised kernels'
-bits must equal the two-blocks-per-SM tile kernel's (the default)."""
+bits, and those of the tile kernel with its packs by cp.async (MOEPLUG_WGMMA_PACK_COPIES=1),
+must equal the two-blocks-per-SM tile kernel's (the default)."""
 
 import pytest
 
@@ -36,7 +37,9 @@ def child(path):
 
 
 SETTINGS = {
-    "tile": {"MOEPLUG_WGMMA_BLOCKS": "2", "MOEPLUG_WGMMA_DECODERS": None},
+    "tile": {"MOEPLUG_WGMMA_BLOCKS": "2", "MOEPLUG_WGMMA_DECODERS": None,
+             "MOEPLUG_WGMMA_PACK_COPIES": None},
+    "pack_copies": {"MOEPLUG_WGMMA_BLOCKS": "2", "MOEPLUG_WGMMA_PACK_COPIES": "1"},
     "specialised": {"MOEPLUG_WGMMA_BLOCKS": "1", "MOEPLUG_WGMMA_DECODERS": None},
     "decoders": {"MOEPLUG_WGMMA_BLOCKS": "1", "MOEPLUG_WGMMA_DECODERS": "2"},
 }

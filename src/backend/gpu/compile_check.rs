@@ -76,7 +76,8 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 wgmma_rs: false,     // the default; the opt-in below
                                 wgmma_group: 0, // ungrouped (MOEPLUG_WGMMA_GROUP=0); grouped below
                                 wgmma_ksplit: false, // the K-split variant below
-                                wgmma_decoders: 0,   // the decoding warpgroups below
+                                wgmma_decoders: 0, // the decoding warpgroups below
+                                wgmma_pack_copies: false, // the MXFP4 pack copies below
                                 // the default where the family has it (heuristics)
                                 fused_combine: family.fuses_combine(),
                                 fused_quant2: false, // MOEPLUG_FUSED_QUANT2=0; the default below
@@ -184,6 +185,19 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(decoders);
+                                // The MXFP4 tile kernel's packs by cp.async (an opt-in,
+                                // MOEPLUG_WGMMA_PACK_COPIES=1): that variant of every
+                                // configuration with the tile kernel.
+                                let pack_copies = (family == Family::Wgmma
+                                    && !spec.wgmma_ws
+                                    && !spec.wgmma_rs
+                                    && spec.weight_format == WeightFormat::Mxfp4)
+                                    .then(|| KernelSpec {
+                                        wgmma_pack_copies: true,
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(pack_copies);
                                 // The TMA kernels on 64-row tiles (two TMA boxes a stage, one
                                 // per warpgroup's weight rows; the default for fp8 block-128
                                 // and for few pairs per expert): that variant of every other

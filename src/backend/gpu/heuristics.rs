@@ -143,6 +143,11 @@ static WGMMA_RS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG
 /// better than without them (bench/NOTES.md, session 22).
 static WGMMA_DECODERS_PREFERENCE: Lazy<Option<u32>> =
     Lazy::new(|| env_choice("MOEPLUG_WGMMA_DECODERS"));
+/// `MOEPLUG_WGMMA_PACK_COPIES=1`: the MXFP4 tile kernel copies each thread's pack and scale
+/// word two steps ahead by cp.async ([`KernelSpec::wgmma_pack_copies`]); an opt-in until
+/// measured (built after call 27's ncu had the step waiting on global memory, session 22).
+static WGMMA_PACK_COPIES_PREFERENCE: Lazy<bool> =
+    Lazy::new(|| std::env::var("MOEPLUG_WGMMA_PACK_COPIES").is_ok_and(|v| v.trim() == "1"));
 /// `MOEPLUG_WGMMA_GROUP=g` (0-1024): the wgmma family takes every column block of g
 /// consecutive sorted tiles before the next g ([`KernelSpec::wgmma_group`]); 0 takes every
 /// tile of a column block first. The default, 8, measured 2-7 % faster than 0 at M = 1024 /
@@ -537,6 +542,9 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
     if spec.wgmma_decoders != 0 && (spec.wgmma_decoders != 2 || !(spec.wgmma_ws && mxfp4)) {
         return Some("decoding warpgroups: two, MXFP4 on the warp-specialised kernel only");
     }
+    if spec.wgmma_pack_copies && (!mxfp4 || spec.wgmma_ws || spec.wgmma_rs) {
+        return Some("pack copies: the MXFP4 tile kernel only");
+    }
     // Stage 1's fused quantization needs a block's 128 output columns (one 1x128 group).
     if spec.wgmma_ksplit
         && (!spec.wgmma_ws || (spec.wgmma_bm, spec.wgmma_n) != (64, 128) || spec.fused_quant2)
@@ -729,7 +737,7 @@ fn default_tile_rows(format: WeightFormat) -> TileRows {
 /// MXFP4 weights as the register operand where asked) is taken only where the family covers
 /// the result.
 fn wgmma_shape(mut spec: KernelSpec, rows: Option<u32>) -> KernelSpec {
-    let steps: [&dyn Fn(&mut KernelSpec); 6] = [
+    let steps: [&dyn Fn(&mut KernelSpec); 7] = [
         &|s| {
             s.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(s.wgmma_n);
             s.wgmma_bm = rows.unwrap_or(s.wgmma_bm);
@@ -757,6 +765,7 @@ fn wgmma_shape(mut spec: KernelSpec, rows: Option<u32>) -> KernelSpec {
             }
         },
         &|s| s.wgmma_decoders = WGMMA_DECODERS_PREFERENCE.unwrap_or(0),
+        &|s| s.wgmma_pack_copies = *WGMMA_PACK_COPIES_PREFERENCE,
     ];
     for step in steps {
         let mut next = spec.clone();
@@ -1464,6 +1473,26 @@ mod tests {
             },
         ] {
             assert_eq!(why(&refused), Some(decoders), "{refused:?}");
+        }
+        // The pack copies: the tile kernel's, one or two blocks per SM.
+        for blocks in [1, 2] {
+            let copies = KernelSpec {
+                wgmma_pack_copies: true,
+                wgmma_blocks: blocks,
+                ..tile.clone()
+            };
+            assert_eq!(why(&copies), None, "{blocks} blocks");
+        }
+        for refused in [ws.clone(), mx.clone()] {
+            let s = KernelSpec {
+                wgmma_pack_copies: true,
+                ..refused
+            };
+            assert_eq!(
+                why(&s),
+                Some("pack copies: the MXFP4 tile kernel only"),
+                "{s:?}"
+            );
         }
         assert!(why(&KernelSpec {
             wgmma_bm: 64,

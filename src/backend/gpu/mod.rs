@@ -831,6 +831,7 @@ fn default_spec() -> spec::KernelSpec {
         wgmma_group: 0,
         wgmma_ksplit: false,
         wgmma_decoders: 0,
+        wgmma_pack_copies: false,
         fused_combine: false,
         fused_quant2: false,
         route_quant1: false,

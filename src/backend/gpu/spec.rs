@@ -254,6 +254,10 @@ pub struct KernelSpec {
     /// warpgroups that only decode the packs (`WG_DECODERS`, 0 or 2), so that a step's decode
     /// is shared by 16 warps, not 8 (an opt-in: `MOEPLUG_WGMMA_DECODERS=2`).
     pub wgmma_decoders: u32,
+    /// Wgmma family, the MXFP4 tile kernel: each thread's pack and scale word by cp.async two
+    /// steps ahead into slots after the ring, instead of into registers one step ahead
+    /// (`WG_PACK_COPIES`; an opt-in until measured: `MOEPLUG_WGMMA_PACK_COPIES=1`).
+    pub wgmma_pack_copies: bool,
     /// The top-k combine runs at the end of stage 2 instead of as `moe_reduce`
     /// (`FUSED_COMBINE`; [`Family::fuses_combine`] families on CUDA only).
     pub fused_combine: bool,
@@ -303,6 +307,7 @@ impl KernelSpec {
             wgmma_group: 0,
             wgmma_ksplit: false,
             wgmma_decoders: 0,
+            wgmma_pack_copies: false,
             fused_combine: false,
             fused_quant2: false,
             route_quant1: false,
@@ -421,11 +426,11 @@ impl KernelSpec {
         }
     }
 
-    /// Wgmma family, the MXFP4 tile kernel (neither warp-specialised nor register-operand):
-    /// each thread's pack and scale word of a step, copied two steps ahead into one of three
-    /// slots after the ring (`WG_MX_SLOTS` x `WG_MX_SLOT_BYTES`: 256 threads x 20 bytes).
+    /// Wgmma family, [`KernelSpec::wgmma_pack_copies`]: each thread's pack and scale word of a
+    /// step, copied two steps ahead into one of three slots after the ring (`WG_MX_SLOTS` x
+    /// `WG_MX_SLOT_BYTES`: 256 threads x 20 bytes).
     fn wgmma_pack_slot_bytes(&self) -> usize {
-        if self.weight_format == WeightFormat::Mxfp4 && !self.wgmma_ws && !self.wgmma_rs {
+        if self.wgmma_pack_copies {
             3 * 256 * 20
         } else {
             0
@@ -580,6 +585,7 @@ impl KernelSpec {
             d.push(format!("WG_GROUP={}", self.wgmma_group));
             d.push(format!("WG_KSPLIT={}", b(self.wgmma_ksplit)));
             d.push(format!("WG_DECODERS={}", self.wgmma_decoders));
+            d.push(format!("WG_PACK_COPIES={}", b(self.wgmma_pack_copies)));
             d.push(format!("FUSED_QUANT2={}", b(self.fused_quant2)));
         }
         d
