@@ -104,9 +104,8 @@
 #if WG_PACK_COPIES && !(WG_MX4 && !WG_WS && !WG_RS)
 #error "WG_PACK_COPIES: the MXFP4 tile kernel only"
 #endif
-#define WG_MX_TILE WG_PACK_COPIES
 #define WG_MX_AHEAD 2
-#define WG_MX_SLOTS (WG_MX_TILE ? WG_MX_AHEAD + 1 : 0)
+#define WG_MX_SLOTS (WG_PACK_COPIES ? WG_MX_AHEAD + 1 : 0)
 #define WG_MX_SLOT_BYTES (THREADS * 20)
 // WG_DECODERS (0 or 2, MXFP4 warp-specialised): warpgroups beside the two MMA warpgroups that
 // only decode. Every consumer thread then decodes part of a pack (32 / (1 + WG_DECODERS / 2)
@@ -601,6 +600,12 @@ __device__ __forceinline__ const u8* wg_act_row(const Params& p, int q, int K) {
 // at chunk 4 mc's address with i xored into bits 4-5 (the swizzle xors the chunk index, and
 // the tile is 1024-aligned): one xor per store, where the compiler rebuilt each swizzled
 // address in the step.
+// The pack that thread q (of 256) decodes each step: weight row mr (rows (q & 15) of 16-row
+// group q >> 5), codes 32 mc .. 32 mc + 31 of the step's 64.
+__device__ __forceinline__ void mx_pack_of(int q, int& mr, int& mc) {
+  mr = 16 * (q >> 5) + (q & 15);
+  mc = (q >> 4) & 1;
+}
 template <int W>
 __device__ __forceinline__ void mx_store_words(u32 sb, const u32 (&words)[W], u32 scale, int mr,
                                                int mc, int c0) {
@@ -753,16 +758,19 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     bsrc[i] = ok ? W + wg_row_chunk0(R, wrow_bytes) : nullptr;
   }
 
-#if WG_MX_TILE
-  // This thread's weight pack: row mr (rows (tid & 15) of 16-row group tid >> 5), 32 codes
-  // from column 32 (2 ks + mc), and its e8m0 scale: by cp.async into the thread's part of a
-  // slot (WG_MX_TILE above; a pack past N or K is zeros, its scale word too). The scale's
-  // word is the aligned 4 bytes that hold it (4-byte copies need 4-byte sources): they lie in
-  // the same 16-byte line as the scale, inside the allocation.
-  int mr = 16 * (tid >> 5) + (tid & 15), mc = (tid >> 4) & 1;
+#if WG_MX4
+  // This thread's weight pack of each step (mx_pack_of) and its e8m0 scale.
+  int mr, mc;
+  mx_pack_of(tid, mr, mc);
   bool mok;
   int mR = wg_row<GATED>(p, n0, mr, mok);
   const u8* msrc = W + wg_row_chunk0(mR, wrow_bytes);
+#endif
+#if WG_PACK_COPIES
+  // By cp.async into the thread's part of a slot (WG_PACK_COPIES above; a pack past N or K is
+  // zeros, its scale word too). The scale's word is the aligned 4 bytes that hold it (4-byte
+  // copies need 4-byte sources): they lie in the same 16-byte line as the scale, inside the
+  // allocation.
   const u8* mscales = S + (mok ? mx_scale_row_part(e, mR, Nst, Kst >> 5) : 0);
   auto mx_slot = [&](int ks) {
     return base + WG_STAGES * WG_STAGE_BYTES + (u32)(ks % WG_MX_SLOTS) * WG_MX_SLOT_BYTES;
@@ -786,12 +794,7 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
                    (word[0] >> (8 * at)) & 255u, mr, mc, 0);
   };
 #elif WG_MX4
-  // This thread's weight pack: row mr (rows (tid & 15) of 16-row group tid >> 5), 32 codes
-  // from column 32 (2 ks + mc), and its scale, loaded into registers a step ahead.
-  int mr = 16 * (tid >> 5) + (tid & 15), mc = (tid >> 4) & 1;
-  bool mok;
-  int mR = wg_row<GATED>(p, n0, mr, mok);
-  const u8* msrc = W + wg_row_chunk0(mR, wrow_bytes);
+  // Loaded into registers a step ahead.
   u32 mraw[4] = {0u, 0u, 0u, 0u};
   u32 mscale = 0u;  // e8m0 (a zero pack decodes to zeros whatever the scale)
   auto mx_fetch = [&](int ks) {
@@ -835,7 +838,7 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   WgFold<GATED> folder(p, e, n0, b_row0, fold_rows);
 #endif
 
-#if WG_MX_TILE
+#if WG_PACK_COPIES
   // Step j commits two groups: the activations of step j + WG_STAGES - 2, then the pack of
   // step j + WG_MX_AHEAD. The steps before the first are played here, so that at every step
   // the groups pending after this step's copies and pack are the same: step ks - 1's two, or
@@ -863,7 +866,7 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   bool busy = wg_has_rows(s_row[a_row0]);
   for (int ks = 0; ks < nk; ++ks) {
     // Stage ks % WG_STAGES was last read by step ks - WG_STAGES, done before the last barrier.
-#if WG_MX_TILE
+#if WG_PACK_COPIES
     cp_async_wait<PENDING>();  // this thread's copies of step ks, and its pack, have landed
     mx_store(ks);
 #else
@@ -877,14 +880,14 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
     mbar_wait(full0 + 8 * (ks % WG_STAGES), (ks / WG_STAGES) & 1);  // the weight tile too
 #endif
     __syncthreads();  // everyone's have; and every warpgroup is done with step ks - 2
-#if WG_MX4 && !WG_MX_TILE
+#if WG_MX4 && !WG_PACK_COPIES
     // The next step's pack flies during this step's MMAs. Not before the fence: its
     // MEMBAR.ALL.CTA waits for the thread's loads in flight.
     if (ks + 1 < nk) mx_fetch(ks + 1);
 #endif
     if (ks + WG_STAGES - 2 < nk) load_step(ks + WG_STAGES - 2);
     cp_async_commit();
-#if WG_MX_TILE
+#if WG_PACK_COPIES
     // Into the slot of step ks, whose pack this thread read above.
     if (ks + WG_MX_AHEAD < nk) mx_fetch(ks + WG_MX_AHEAD);
     cp_async_commit();
@@ -1207,14 +1210,12 @@ __device__ __forceinline__ u32 wg_dec_tile(u32 base, u32 it) {
 }
 
 // Consumer thread d's share of a step's decode (WG_MX4_WS): words c0 .. c0 + WG_DEC_WORDS - 1
-// (c0 = (d / 256) WG_DEC_WORDS) of pack d % 256, weight row mr, codes 32 mc .. 32 mc + 31 (the
-// tile kernel's assignment), with its scale, both from the ring stage.
+// (c0 = (d / 256) WG_DEC_WORDS) of pack mx_pack_of(d % 256) (the tile kernel's assignment),
+// with its scale, both from the ring stage.
 struct WgPackDecoder {
   int mr, mc, c0;
   __device__ explicit WgPackDecoder(int d) {
-    int q = d & 255;
-    mr = 16 * (q >> 5) + (q & 15);
-    mc = (q >> 4) & 1;
+    mx_pack_of(d & 255, mr, mc);
     c0 = (d >> 8) * WG_DEC_WORDS;
   }
   // The packs and scales of the ring stage at sp into the step's tile at sdec, which every

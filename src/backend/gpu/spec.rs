@@ -437,6 +437,11 @@ impl KernelSpec {
         }
     }
 
+    /// Wgmma family: the dynamic shared memory after the ring (decoded tiles, pack slots).
+    fn wgmma_after_ring_bytes(&self) -> usize {
+        self.wgmma_decoded_bytes() + self.wgmma_pack_slot_bytes()
+    }
+
     /// Wgmma family: stages of its cp.async ring, as many as the SM's 227 KiB of shared
     /// memory holds for `wgmma_blocks` blocks (at most 5; 6 warp-specialised; 8 with register
     /// weights, whose 16 KiB stages are the only copies in flight; an even count where the
@@ -445,8 +450,7 @@ impl KernelSpec {
         let per_block = 227 * 1024 / self.wgmma_blocks.max(1) as usize
             - 1024
             - self.wgmma_ksplit_bytes()
-            - self.wgmma_decoded_bytes()
-            - self.wgmma_pack_slot_bytes();
+            - self.wgmma_after_ring_bytes();
         let most = if self.wgmma_rs {
             8
         } else if self.wgmma_ws {
@@ -478,8 +482,7 @@ impl KernelSpec {
         match self.family {
             Family::Wgmma => {
                 self.wgmma_stages() * self.wgmma_stage_bytes()
-                    + self.wgmma_decoded_bytes()
-                    + self.wgmma_pack_slot_bytes()
+                    + self.wgmma_after_ring_bytes()
                     + 1024
             }
             _ => 0,
