@@ -682,23 +682,16 @@ __device__ __forceinline__ void ld_shared_words(u32 addr, u32 (&v)[W]) {
 // row's start, and a padding row 0 bytes from row 0 of the same matrix, marked by bit 0 of
 // its pointer (rows are 16-byte aligned); a separate mask took a register that the 127-
 // register kernels did not have, and the compiler recomputed the selects in the loop.
-// On 128-row tiles each warpgroup multiplies its own 64 rows, and one whose rows are all
-// padding skips its MMAs (wg_has_rows): nothing reads rows 64..127 then, so they are not
-// copied (half a step's copies, on most tiles at M <= 1024). The register-operand kernel
-// (WG_RS) multiplies all 128 rows at once and copies them all.
 template <bool GATED, int COPIERS>
 struct WgActCopies {
   static constexpr int ROWS = COPIERS / 8, N = BM / ROWS;  // rows per pass, copies per step
-  static constexpr bool SPLIT = BM == 128 && !WG_RS;  // copies N / 2 .. N - 1: rows 64..127
   const u8* src[N];
-  bool upper;  // rows 64..127 are multiplied
   __device__ WgActCopies(const Params& p, const int* tile_rows, int K, int t) {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const u8* row = wg_act_row<GATED>(p, tile_rows[(t >> 3) + ROWS * i], K);
       src[i] = row ? row : wg_act_row<GATED>(p, 0, K) + 1;
     }
-    upper = !SPLIT || wg_has_rows(tile_rows[64]);
   }
   // Step ks's copies into the tile at `sa` (128-byte rows, 128-byte swizzle).
   __device__ __forceinline__ void copy(u32 sa, int ks, int kbytes, int t) const {
@@ -707,7 +700,6 @@ struct WgActCopies {
     off = past_k ? 0 : off;
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      if (SPLIT && i == N / 2 && !upper) break;
       u64 a = (u64)src[i] + (u32)off;
       cp_async16_or_zero(sa + swz((t >> 3) + ROWS * i, c), (const void*)(a & ~(u64)1),
                          past_k | ((u32)a & 1u));
