@@ -29,14 +29,18 @@ if [ "$what" != kit ] && [ "${SUITE_JOBS:-1}" -gt 1 ]; then
       { rest[r++] = $0 }
       END { for (i = 0; i < r; i++) if (i >= int(g * r / n) && i < int((g + 1) * r / n)) print rest[i] }
       ' $OUT/suite_ids.txt)
-    timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rf "${ids[@]}" \
-      >$OUT/suite_$g.log 2>&1 &
+    (timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rf "${ids[@]}" \
+      >$OUT/suite_$g.log 2>&1; echo "exit status $?" >>$OUT/suite_$g.log) &
   done
   wait
   echo "suite: $total tests in $SUITE_JOBS processes"
   for g in $(seq 0 $((SUITE_JOBS - 1))); do
     grep -E "^(FAILED|ERROR) " $OUT/suite_$g.log | head -10
-    echo "  process $g: $(grep -E "[0-9]+ (passed|failed|skipped|errors?)\b.* in [0-9.]+s" $OUT/suite_$g.log | tail -1)"
+    result=$(grep -E "[0-9]+ (passed|failed|skipped|errors?)\b.* in [0-9.]+s" $OUT/suite_$g.log | tail -1)
+    if [ -z "$result" ]; then  # killed (124: past SUITE_TIMEOUT) or crashed: say so, and how far
+      result="NO RESULT, $(tail -1 $OUT/suite_$g.log); progress: $(grep -E '^[.sFEx]+' $OUT/suite_$g.log | tr -d ' \n[]%0-9' | wc -c) tests run"
+    fi
+    echo "  process $g: $result"
   done
 elif [ "$what" != kit ]; then
   timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/gpu ${SUITE_ARGS:-} 2>&1 \
