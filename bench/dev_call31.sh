@@ -12,3 +12,11 @@ for f in "$OUT"/suite_*.log; do grep -qE " in [0-9.]+s" "$f" && rm -f "$f"; done
 stamp suite | tee -a "$sum"
 KIT_TIMEOUT=150 bash bench/device_check.sh kit 2>&1 | tail -34 | tee -a "$sum"
 stamp kit | tee -a "$sum"
+# The decode points still over the peer on the H200 (call 30: gpt-oss bf16 M = 1 / 64, Qwen3
+# fp8 M = 8 / 64): the warp-specialised kernel persistent (one block per SM walking the items,
+# the default below 32 pairs per expert) against a block per item, whose blocks overlap each
+# other's item boundaries (call 30's ncu: our stages at 80-81 % of the DRAM rate, the peer's
+# many small blocks at 85-89 %).
+OUT=/tmp/ab2 ROUNDS=2 AB_TIMEOUT=80 bash bench/ab.sh "" "MOEPLUG_WGMMA_PERSISTENT=0" \
+  -- --cases gptoss_bf16,qwen3_fp8blk,qwen3_bf16 --ms 1,8,64,256 2>&1 | tail -14 | tee -a "$sum"
+stamp ab_persistent | tee -a "$sum"
