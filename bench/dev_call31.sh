@@ -20,3 +20,9 @@ stamp kit | tee -a "$sum"
 OUT=/tmp/ab2 ROUNDS=2 AB_TIMEOUT=80 bash bench/ab.sh "" "MOEPLUG_WGMMA_PERSISTENT=0" \
   -- --cases gptoss_bf16,qwen3_fp8blk,qwen3_bf16 --ms 1,8,64,256 2>&1 | tail -14 | tee -a "$sum"
 stamp ab_persistent | tee -a "$sum"
+# The register-operand MXFP4 kernel today, the base of the next prefill kernel (NOTES, session
+# 23): on 64- and 128-row tiles against the shared-memory tile kernel (last timed in session
+# 12 on 64-row tiles, call 27 on 128).
+OUT=/tmp/ab3 ROUNDS=1 AB_TIMEOUT=60 bash bench/ab.sh "" "MOEPLUG_WGMMA_RS=1 MOEPLUG_WGMMA_BM=64" \
+  "MOEPLUG_WGMMA_RS=1" -- --cases gptoss_mxfp4 --ms 256,512,1024,4096 2>&1 | tail -6 | tee -a "$sum"
+stamp ab_rs | tee -a "$sum"
