@@ -22,7 +22,8 @@ OUT=/tmp/ab2 ROUNDS=2 AB_TIMEOUT=80 bash bench/ab.sh "" "MOEPLUG_WGMMA_PERSISTEN
 stamp ab_persistent | tee -a "$sum"
 # The register-operand MXFP4 kernel today, the base of the next prefill kernel (NOTES, session
 # 23): on 64- and 128-row tiles against the shared-memory tile kernel (last timed in session
-# 12 on 64-row tiles, call 27 on 128).
-OUT=/tmp/ab3 ROUNDS=1 AB_TIMEOUT=60 bash bench/ab.sh "" "MOEPLUG_WGMMA_RS=1 MOEPLUG_WGMMA_BM=64" \
-  "MOEPLUG_WGMMA_RS=1" -- --cases gptoss_mxfp4 --ms 256,512,1024,4096 2>&1 | tail -6 | tee -a "$sum"
+# 12 on 64-row tiles, call 27 on 128); the wgmma family forced (M < 1024 runs stream by default).
+OUT=/tmp/ab3 ROUNDS=1 AB_TIMEOUT=60 bash bench/ab.sh "MOEPLUG_GPU_FAMILY=wgmma" \
+  "MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_RS=1 MOEPLUG_WGMMA_BM=64" \
+  "MOEPLUG_GPU_FAMILY=wgmma MOEPLUG_WGMMA_RS=1" -- --cases gptoss_mxfp4 --ms 256,512,1024,4096 2>&1 | tail -6 | tee -a "$sum"
 stamp ab_rs | tee -a "$sum"
