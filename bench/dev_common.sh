@@ -11,6 +11,21 @@ suite_and_kit() {
   stamp kit
 }
 sum=$OUT/summary.txt
+# The whole GPU suite in 8 processes (SUITE_TIMEOUT s each, default 300) into the summary,
+# keeping only the logs of processes without a result line (device_check.sh: NO RESULT), so
+# that what comes back stays under the transfer limit.
+suite_summary() {
+  SUITE_JOBS=8 SUITE_TIMEOUT=${SUITE_TIMEOUT:-300} bash bench/device_check.sh suite 2>&1 \
+    | grep -E '^suite|process|FAILED|ERROR' | tee -a "$sum"
+  rm -f "$OUT"/suite_ids.txt
+  for f in "$OUT"/suite_*.log; do grep -qE " in [0-9.]+s" "$f" && rm -f "$f"; done
+  stamp suite | tee -a "$sum"
+}
+# The kit with peers (KIT_TIMEOUT s, default 150): its summary table into the summary.
+kit_summary() {
+  KIT_TIMEOUT=${KIT_TIMEOUT:-150} bash bench/device_check.sh kit 2>&1 | tail -34 | tee -a "$sum"
+  stamp kit | tee -a "$sum"
+}
 # One sanitizer run in its own OUT folder, in the background; its report goes to $OUT/<name>.txt.
 san() {  # name, tool, env...
   local name=$1 tool=$2
