@@ -77,7 +77,10 @@
 #error "the ring needs 3 stages (copies run WG_STAGES - 2 steps ahead)"
 #endif
 #define WG_ROW 128                   // bytes per operand row per K step
-#define WG_B_ROWS (BM == 128 || WG_KSPLIT ? WG_N : 2 * WG_N)  // weight rows of a block
+// WG_SWAP: MXFP4 as the register operand on the warp-specialised kernel, 256 weight rows per
+// block and 128 codes per step (moe_gemm_wgmma_swap.cuh).
+#define WG_SWAP (WG_RS && WG_WS)
+#define WG_B_ROWS (WG_SWAP ? 256 : BM == 128 || WG_KSPLIT ? WG_N : 2 * WG_N)  // weight rows of a block
 #define WG_A_BYTES (BM * WG_ROW)         // activation tile of one stage
 #define WG_B_BYTES (WG_B_ROWS * WG_ROW)  // weight tile of one stage
 #define WG_ESIZE (ACT_Q ? 1 : 2)     // operand bytes per value
@@ -86,7 +89,7 @@
 // codes (32 bytes per weight row and step, [16-byte chunk][row]) and their scales; the
 // consumers decode the codes into one of WG_DEC_TILES bf16 weight tiles after the ring and
 // multiply from there.
-#define WG_MX4_WS (WG_MX4 && WG_WS)
+#define WG_MX4_WS (WG_MX4 && WG_WS && !WG_SWAP)
 #define WG_PACK_BYTES (WG_B_ROWS * 32)
 // After a stage's packs, their e8m0 scales (2 bytes per weight row), padded to 1 KiB so that
 // every stage's activation tile stays 1024-aligned for the 128-byte swizzle.
@@ -120,14 +123,17 @@
 #define WG_CONSUMER_THREADS (256 + 128 * WG_DECODERS)
 // 32-bit words of codes (8 each) a consumer thread decodes per step: a step's 256 packs of 4.
 #define WG_DEC_WORDS (4 * 256 / WG_CONSUMER_THREADS)
-// WG_RS: the weights never pass through shared memory, a stage is the activation tile alone.
-#define WG_STAGE_BYTES \
-  (WG_RS ? WG_A_BYTES \
-         : WG_A_BYTES + (WG_MX4_WS ? WG_PACK_BYTES + WG_MX_SCALE_BYTES : WG_B_BYTES))
-#if WG_MX4 && (ACT_Q || ACT_F16 || WG_B_ROWS != 128)
+// WG_RS: the weights never pass through shared memory, a stage is the activation tile alone;
+// WG_SWAP: two 64-K halves of it, then the step's packs (64 bytes per weight row) and scales
+// (a word per weight row).
+#define WG_STAGE_BYTES                                       \
+  (WG_SWAP ? 2 * WG_A_BYTES + WG_B_ROWS * 64 + WG_B_ROWS * 4 \
+   : WG_RS ? WG_A_BYTES                                      \
+           : WG_A_BYTES + (WG_MX4_WS ? WG_PACK_BYTES + WG_MX_SCALE_BYTES : WG_B_BYTES))
+#if WG_MX4 && (ACT_Q || ACT_F16 || WG_B_ROWS != (WG_SWAP ? 256 : 128))
 #error "MXFP4 weights: bf16 activations, 128 weight rows per block (one pack per thread)"
 #endif
-#if WG_RS && (!WG_MX4 || WG_N != BM || WG_TMA)
+#if WG_RS && (!WG_MX4 || WG_N != BM || WG_TMA || (WG_WS && BM != 64))
 #error "register-operand weights: MXFP4, the MMA's N the tile's BM sorted rows, without TMA"
 #endif
 #if WG_TMA && (WLAYOUT != WL_AITER_16X16 || WG_MX4)
@@ -636,6 +642,13 @@ __device__ __forceinline__ void mx_store_words(u32 sb, const u32 (&words)[W], u3
     store(mp_bool<false>{});
 }
 
+// Byte tig of each word of a 16-byte pack, as one word: codes 2 tig, 2 tig + 1 (+ 8, 16, 24)
+// of its 32, the codes of lane (gid, tig)'s A fragments in the register-operand kernels.
+__device__ __forceinline__ u32 wg_rs_codes(uint4 v, int tig) {
+  u32 sel = (u32)tig | (u32)(tig + 4) << 4;
+  return __byte_perm(__byte_perm(v.x, v.y, sel), __byte_perm(v.z, v.w, sel), 0x5410);
+}
+
 __device__ __forceinline__ u32 ld_shared_u8(u32 addr) {
 #ifdef MP_HOST
   return *(const u8*)emu_shared_ptr(addr, 1);
@@ -643,6 +656,13 @@ __device__ __forceinline__ u32 ld_shared_u8(u32 addr) {
   u32 v;
   asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
   return v;
+#endif
+}
+__device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
+#ifdef MP_HOST
+  memcpy(emu_shared_ptr(addr, 4), &v, 4);
+#else
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 #endif
 }
 __device__ __forceinline__ void st_shared_u16(u32 addr, u32 v) {
@@ -917,7 +937,7 @@ __device__ void moe_gemm_wg(const Params& p, const WgTmaMap* wmap) {
   wg_epilogue<GATED>(p, e, n0, b_row0, tig, rows, acc);
 }
 
-#if WG_RS
+#if WG_RS && !WG_WS
 // MXFP4 weights as wgmma's register operand (WG_RS): the block's 128 weight rows go on the
 // MMA's 64-row side (64 per warpgroup) and its 128 sorted rows on N, so the weights never pass
 // through shared memory (the kernel above writes 16 KiB of decoded weights per step and reads
@@ -941,11 +961,6 @@ struct WgRsPacks {
   u32 scale[2][2];
 };
 
-// Byte tig of each word of a pack, as one word: codes 2 tig, 2 tig + 1 (+ 8, 16, 24) of the 32.
-__device__ __forceinline__ u32 wg_rs_codes(uint4 v, int tig) {
-  u32 sel = (u32)tig | (u32)(tig + 4) << 4;
-  return __byte_perm(__byte_perm(v.x, v.y, sel), __byte_perm(v.z, v.w, sel), 0x5410);
-}
 
 template <bool GATED>
 __device__ void moe_gemm_wg_rs(const Params& p) {
@@ -1097,7 +1112,7 @@ __device__ void moe_gemm_wg_rs(const Params& p) {
 #if WG_TMA == WG_MX4
 #error "the warp-specialised kernel takes TMA weight tiles, or MXFP4 packs by cp.async"
 #endif
-#if WG_MX4 && BM != 128
+#if WG_MX4_WS && BM != 128
 #error "MXFP4 on the warp-specialised kernel: 128-row tiles (the warpgroups share the weights)"
 #endif
 #if WG_N == 256 && WG_FOLD
@@ -1152,6 +1167,17 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 #endif
 }
 
+// Work item w: its tile and first output column.
+template <bool GATED>
+__device__ __forceinline__ void wg_work(int w, int tiles, int nblk, int& tile, int& n0) {
+  int nb;
+  wg_order(w, tiles, nblk, tile, nb);
+  n0 = nb * (GATED ? WG_COLS1 : WG_COLS2);
+}
+
+#if WG_SWAP
+#include "moe_gemm_wgmma_swap.cuh"
+#else
 #if WG_MX4
 // The producer thread t's share of a step's packed codes and scales (WG_MX4_WS): weight row
 // t's two 16-byte packs (64 codes) by cp.async into the stage's pack area as [pack j][row],
@@ -1233,14 +1259,6 @@ struct WgPackDecoder {
   }
 };
 #endif
-
-// Work item w: its tile and first output column.
-template <bool GATED>
-__device__ __forceinline__ void wg_work(int w, int tiles, int nblk, int& tile, int& n0) {
-  int nb;
-  wg_order(w, tiles, nblk, tile, nb);
-  n0 = nb * (GATED ? WG_COLS1 : WG_COLS2);
-}
 
 // Calls pdl_enter; with PDL_EARLY (pdl_early) after starting the first weight copies.
 template <bool GATED>
@@ -1473,6 +1491,7 @@ MP_KERNEL void __launch_bounds__(WG_WS_THREADS, 1) moe_stage2(Params p) {
   moe_gemm_wg_ws<false>(p, nullptr);
 }
 #endif
+#endif  // WG_SWAP
 #elif WG_TMA
 // The second parameter: the tensor map of this stage's weights (w13 / w2).
 MP_KERNEL void __launch_bounds__(THREADS, WG_MIN_BLOCKS)

@@ -70,13 +70,14 @@ grep -q EMU_ROUTE_SHARED "$work/src/moe_common.cuh" || {
 }
 # The wgmma kernels' dynamic shared array as the launch's buffer (gpu_emulator.h).
 if [ "$target" = cuda ]; then
-  sed -i 's/extern __shared__ u8 wg_smem_raw\[\];/u8* const wg_smem_raw = emu_dyn_shared;/' \
-    "$work/src/moe_gemm_wgmma.cuh"
-  if grep -q 'extern __shared__' "$work/src/moe_gemm_wgmma.cuh" ||
-    ! grep -q emu_dyn_shared "$work/src/moe_gemm_wgmma.cuh"; then
-    echo "emulate_check: the wgmma kernels' shared array not rewritten in moe_gemm_wgmma.cuh" >&2
-    exit 1
-  fi
+  for f in moe_gemm_wgmma.cuh moe_gemm_wgmma_swap.cuh; do
+    sed -i 's/extern __shared__ u8 wg_smem_raw\[\];/u8* const wg_smem_raw = emu_dyn_shared;/' \
+      "$work/src/$f"
+    if grep -q 'extern __shared__' "$work/src/$f" || ! grep -q emu_dyn_shared "$work/src/$f"; then
+      echo "emulate_check: the wgmma kernels' shared array not rewritten in $f" >&2
+      exit 1
+    fi
+  done
 fi
 
 build() {  # out arch defines...

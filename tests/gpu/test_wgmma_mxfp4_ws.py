@@ -6,7 +6,10 @@ two more warpgroups share the decode. Each setting is checked against the CPU ba
 float64, repeated for the same bits and replayed in a CUDA graph. Every kernel decodes the
 same bf16 weights and adds each row's K in the same order, so the warp-specialised kernels'
 bits, and those of the tile kernel with its packs by cp.async (MOEPLUG_WGMMA_PACK_COPIES=1),
-must equal the two-blocks-per-SM tile kernel's (the default)."""
+must equal the two-blocks-per-SM tile kernel's (the default). The swap-AB kernel
+(MOEPLUG_WGMMA_SWAP=1: the weights as the register operand, the tokens on the MMA's N) sums
+the same products in the same K slices with the operands' roles exchanged, so the tensor
+core's order within a slice may differ: it must match the tile kernel to fp32 rounding."""
 
 import pytest
 
@@ -42,7 +45,10 @@ SETTINGS = {
     "pack_copies": {"MOEPLUG_WGMMA_BLOCKS": "2", "MOEPLUG_WGMMA_PACK_COPIES": "1"},
     "specialised": {"MOEPLUG_WGMMA_BLOCKS": "1", "MOEPLUG_WGMMA_DECODERS": None},
     "decoders": {"MOEPLUG_WGMMA_BLOCKS": "1", "MOEPLUG_WGMMA_DECODERS": "2"},
+    "swap": {"MOEPLUG_WGMMA_SWAP": "1", "MOEPLUG_WGMMA_BLOCKS": None},
 }
+# Settings whose sums may differ from the tile kernel's in fp32 rounding (see above).
+REORDERED = {"swap"}
 
 
 def test_warp_specialised_mxfp4_matches_the_cpu_backend_and_the_tile_kernel(tmp_path):
@@ -55,4 +61,9 @@ def test_warp_specialised_mxfp4_matches_the_cpu_backend_and_the_tile_kernel(tmp_
     for name, outs in runs.items():
         assert len(outs) == len(MS) * 3 + 1
         for key, out in outs.items():
-            assert torch.equal(out, tile[key]), f"{key}: the {name} and tile kernels differ"
+            if name in REORDERED:
+                a, b = out.double(), tile[key].double()
+                rel = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+                assert rel < 1e-3, f"{key}: the {name} and tile kernels differ (rel L2 {rel:.2e})"
+            else:
+                assert torch.equal(out, tile[key]), f"{key}: the {name} and tile kernels differ"

@@ -143,6 +143,11 @@ static WGMMA_RS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG
 /// better than without them (bench/NOTES.md, session 22).
 static WGMMA_DECODERS_PREFERENCE: Lazy<Option<u32>> =
     Lazy::new(|| env_choice("MOEPLUG_WGMMA_DECODERS"));
+/// `MOEPLUG_WGMMA_SWAP=1`: MXFP4 on the swap-AB kernel (register-operand weights on the
+/// warp-specialised kernel: 256 weight rows per block, 64-row tiles, 128 codes per step;
+/// moe_gemm_wgmma_swap.cuh); an opt-in until measured.
+static WGMMA_SWAP_PREFERENCE: Lazy<bool> =
+    Lazy::new(|| std::env::var("MOEPLUG_WGMMA_SWAP").is_ok_and(|v| v.trim() == "1"));
 /// `MOEPLUG_WGMMA_PACK_COPIES=1`: the MXFP4 tile kernel copies each thread's pack and scale
 /// word two steps ahead by cp.async ([`KernelSpec::wgmma_pack_copies`]); an opt-in until
 /// measured (built after call 27's ncu had the step waiting on global memory, session 22).
@@ -487,7 +492,10 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
         // N, `wgmma_n`).
         W::Mxfp4 => {
             let shape = if spec.wgmma_rs {
-                spec.wgmma_n == spec.wgmma_bm && spec.wgmma_blocks == 1
+                // the swap-AB kernel (warp-specialised) is written for 64-row tiles
+                spec.wgmma_n == spec.wgmma_bm
+                    && spec.wgmma_blocks == 1
+                    && (!spec.wgmma_ws || spec.wgmma_bm == 64)
             } else {
                 spec.wgmma_bm == 128 && spec.wgmma_n == 128
             };
@@ -532,14 +540,14 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
             "the warp-specialised kernel takes TMA weight tiles or MXFP4 packs, one block per SM",
         );
     }
-    // Each thread decodes the packs of two weight rows into its A fragments.
-    if spec.wgmma_rs
-        && (spec.weight_format != WeightFormat::Mxfp4 || spec.wgmma_tma || spec.wgmma_ws)
-    {
-        return Some("register-operand weights: MXFP4 only, without TMA or warp specialisation");
+    // Each thread decodes the packs of its weight rows into its A fragments.
+    if spec.wgmma_rs && (spec.weight_format != WeightFormat::Mxfp4 || spec.wgmma_tma) {
+        return Some("register-operand weights: MXFP4 only, without TMA");
     }
-    // The decoders share the packs the warp-specialised producer copies.
-    if spec.wgmma_decoders != 0 && (spec.wgmma_decoders != 2 || !(spec.wgmma_ws && mxfp4)) {
+    // The decoders share the packs the warp-specialised producer copies for the decoded tile.
+    if spec.wgmma_decoders != 0
+        && (spec.wgmma_decoders != 2 || !(spec.wgmma_ws && mxfp4) || spec.wgmma_rs)
+    {
         return Some("decoding warpgroups: two, MXFP4 on the warp-specialised kernel only");
     }
     if spec.wgmma_pack_copies && (!mxfp4 || spec.wgmma_ws || spec.wgmma_rs) {
@@ -726,6 +734,8 @@ fn wgmma_shape_for(
 fn default_tile_rows(format: WeightFormat) -> TileRows {
     match format {
         WeightFormat::Fp8Block128 => TileRows::Fixed(64),
+        // the swap-AB kernel's tiles
+        WeightFormat::Mxfp4 if *WGMMA_SWAP_PREFERENCE => TileRows::Fixed(64),
         _ => TileRows::ByL2Bytes,
     }
 }
@@ -737,7 +747,7 @@ fn default_tile_rows(format: WeightFormat) -> TileRows {
 /// MXFP4 weights as the register operand where asked) is taken only where the family covers
 /// the result.
 fn wgmma_shape(mut spec: KernelSpec, rows: Option<u32>) -> KernelSpec {
-    let steps: [&dyn Fn(&mut KernelSpec); 7] = [
+    let steps: [&dyn Fn(&mut KernelSpec); 8] = [
         &|s| {
             s.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(s.wgmma_n);
             s.wgmma_bm = rows.unwrap_or(s.wgmma_bm);
@@ -761,6 +771,16 @@ fn wgmma_shape(mut spec: KernelSpec, rows: Option<u32>) -> KernelSpec {
                 s.wgmma_blocks = WGMMA_BLOCKS_PREFERENCE.unwrap_or(1);
                 // The MMA's N is the tile's rows: 128 unless asked.
                 s.wgmma_bm = rows.unwrap_or(128);
+                s.wgmma_n = s.wgmma_bm;
+            }
+        },
+        &|s| {
+            if *WGMMA_SWAP_PREFERENCE {
+                s.wgmma_rs = true;
+                s.wgmma_ws = true;
+                s.wgmma_tma = false;
+                s.wgmma_blocks = 1;
+                s.wgmma_bm = rows.unwrap_or(64);
                 s.wgmma_n = s.wgmma_bm;
             }
         },

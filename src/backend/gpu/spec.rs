@@ -381,10 +381,12 @@ impl KernelSpec {
 
     /// Wgmma family: weight rows of a block (the two warpgroups share them on 128-row tiles
     /// and take `wgmma_n` each on 64-row tiles, or share them there too when they split K;
-    /// with `wgmma_rs` 64 each, so 128 either way).
+    /// with `wgmma_rs` 64 each, so 128 either way; 256 on the swap-AB kernel).
     pub fn wgmma_block_rows(&self) -> usize {
         let n = self.wgmma_n as usize;
-        if self.wgmma_bm == 128 || self.wgmma_ksplit {
+        if self.wgmma_swap() {
+            256
+        } else if self.wgmma_bm == 128 || self.wgmma_ksplit {
             n
         } else {
             2 * n
@@ -400,6 +402,11 @@ impl KernelSpec {
     /// Wgmma family: bytes of one ring stage, the tile's activation rows and (unless the
     /// weights are the register operand) the block's weight rows, 128 bytes each.
     fn wgmma_stage_bytes(&self) -> usize {
+        if self.wgmma_swap() {
+            // a step is 128 K: two 128-byte activation rows, 64 bytes of packs and a word of
+            // scales per weight row
+            return self.wgmma_bm as usize * 256 + self.wgmma_block_rows() * (64 + 4);
+        }
         let weights = if self.wgmma_rs {
             0
         } else if self.wgmma_decodes_packs() {
@@ -414,7 +421,13 @@ impl KernelSpec {
     /// Wgmma family, MXFP4 warp-specialised (`WG_MX4_WS`): the ring carries the packed codes,
     /// which the consumers decode into one of three bf16 weight tiles after it.
     fn wgmma_decodes_packs(&self) -> bool {
-        self.wgmma_ws && self.weight_format == WeightFormat::Mxfp4
+        self.wgmma_ws && self.weight_format == WeightFormat::Mxfp4 && !self.wgmma_rs
+    }
+
+    /// Wgmma family, MXFP4 on the swap-AB kernel (`WG_SWAP`: register-operand weights on the
+    /// warp-specialised kernel, moe_gemm_wgmma_swap.cuh).
+    pub fn wgmma_swap(&self) -> bool {
+        self.wgmma_rs && self.wgmma_ws
     }
 
     /// Wgmma family: the decoded weight tiles after the ring (`WG_DEC_TILES` x `WG_B_BYTES`).

@@ -1,0 +1,303 @@
+// MXFP4 swap-AB on the warp-specialised kernel (WG_SWAP = WG_RS && WG_WS; included by
+// moe_gemm_wgmma.cuh, whose helpers it uses): the weights are wgmma's register operand A on
+// the MMA's 64-row side, the tile's 64 sorted rows its N, and a K step is 128 codes.
+//
+// Why (bench/NOTES.md, session 23): the MXFP4 tile kernel spends ~7.1 thread instructions per
+// decoded code, the peer (triton_kernels) ~4, because each of our steps decodes 32 codes per
+// thread and pays a step's fixed costs (copies, descriptors, barrier, stage arithmetic) for
+// them, then writes the decoded tile to shared memory for both warpgroups to read back. Here a
+// thread decodes 128 codes per step straight into its MMAs' A fragments, and the producer
+// warpgroup alone issues the copies.
+//
+// A block: 256 weight rows, two consumer warpgroups of 128 (two m64 each), 64 sorted rows.
+// Stage 1: consumer warpgroup g's m64 0 is the gate rows and m64 1 the up rows of the 64
+// output columns n0 + 64 g .. (so the SwiGLU pairs meet in-thread, accumulator i of each);
+// stage 2: its m64 m is output columns n0 + 128 g + 64 m ...
+// Block row b (0..255; the producer's copies and the pack area's order) is 128 g + 64 m + r for
+// MMA row r of m64 m of warpgroup g, r = 16 w + gid + 8 h for warp w's lane (gid, tig).
+//
+// A ring stage: the activation tile as two 64-K halves (64 rows x 128 bytes, 128-byte
+// swizzle, the B operand), the step's packs as [16-byte chunk j][block row] (a warp's 8 rows
+// of one chunk are 128 contiguous bytes: its LDS.128 is one wavefront, each quad's lanes read
+// the same pack and keep byte tig of each word, wg_rs_codes), then a 32-bit word per block row
+// whose byte j is chunk j's e8m0 scale (the producer loads them WGS_SCALE_AHEAD steps early,
+// byte by byte in any scale layout, and stores the word).
+// Per consumer step: 4 LDS.32 (scales), then per 32-code group 4 LDS.128, 4 words decoded
+// into 16 fragment registers, 4 wgmma (2 m64 x 2 k16); two fragment sets alternate, a group's
+// MMAs in flight while the next group decodes (wgmma_wait<1> before a set is rewritten).
+#pragma once
+#if !WG_MX4 || BM != 64 || WG_N != 64 || WG_TMA || WG_DECODERS || WG_KSPLIT || FUSED_QUANT2
+#error "WG_SWAP: MXFP4, 64-row tiles, N 64, no TMA / decoders / K split / fused quantization"
+#endif
+#define WGS_ROWS 256                 // weight rows of a block
+#define WGS_A_HALF (BM * WG_ROW)     // one 64-K half of the activation tile
+#define WGS_PACKS (WGS_ROWS * 64)    // a step's packed codes: 4 chunks per row
+#define WGS_SCALES (WGS_ROWS * 4)    // a step's scales: one word per row
+#define WGS_KSTEP 128                // K values per step
+#define WGS_SCALE_AHEAD 2
+static_assert(WG_STAGE_BYTES == 2 * WGS_A_HALF + WGS_PACKS + WGS_SCALES, "stage layout");
+static_assert(WG_B_ROWS == WGS_ROWS, "block rows");
+
+// Output column (and whether it exists) and physical weight row of block row b.
+template <bool GATED>
+__device__ __forceinline__ int wgs_row(const Params& p, int n0, int b, bool& ok) {
+  if (GATED) {
+    int col = n0 + 64 * (b >> 7) + (b & 63);
+    ok = col < p.I;
+    return (b >> 6) & 1 ? up_row(col, p.Ip) : gate_row(col, p.Ip);
+  }
+  int col = n0 + b;
+  ok = col < p.H;
+  return col;
+}
+
+// Producer thread t's share of a step's packs and scales: block rows t and t + 128, their
+// four 16-byte packs (codes 128 ks .. 128 ks + 127) by cp.async, zeros for a row past N or
+// codes past K, and their scale words (127, a scale of 1, where the codes are zeros).
+template <bool GATED>
+struct WgsPackCopies {
+  const u8* src[2];   // the row's first pack (the expert's first byte for a row past N)
+  const u8* srow[2];  // the row's scales (the row part of their offsets)
+  bool ok[2];
+  int K;
+  u32 ahead[WGS_SCALE_AHEAD][2][4];  // the scale bytes of the next steps, in flight
+  __device__ WgsPackCopies(const Params& p, int e, int n0, int K_, int t) : K(K_) {
+    int Kst = GATED ? p.Hp : p.Ip, Nst = GATED ? 2 * p.Ip : p.Hp;
+    i64 wrow_bytes = (i64)Kst / 2;
+    const u8* W = (const u8*)(GATED ? p.w13 : p.w2) + (i64)e * Nst * wrow_bytes;
+    const u8* S = (const u8*)(GATED ? p.w13_scale : p.w2_scale);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int R = wgs_row<GATED>(p, n0, t + 128 * h, ok[h]);
+      src[h] = W + (ok[h] ? wg_row_chunk0(R, wrow_bytes) : 0);
+      srow[h] = S + (ok[h] ? mx_scale_row_part(e, R, Nst, Kst >> 5) : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < WGS_SCALE_AHEAD; ++i) load_scales(i, ahead[i]);
+  }
+  __device__ __forceinline__ void load_scales(int ks, u32 (&sc)[2][4]) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        int kc = 4 * ks + j;
+        sc[h][j] = ok[h] && kc * 32 < K ? (u32)srow[h][mx_scale_col_part(kc)] : 127u;
+      }
+  }
+  __device__ __forceinline__ void copy(u32 sp, u32 ss, int ks, int t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        int kc = 4 * ks + j;
+        bool zero = !ok[h] || kc * 32 >= K;
+        cp_async16_or_zero(sp + (u32)(j * WGS_ROWS * 16 + (t + 128 * h) * 16),
+                           src[h] + (zero ? 0 : (i64)kc * WG_CHUNK_STRIDE), zero);
+      }
+      const u32* b = ahead[0][h];
+      st_shared_u32(ss + 4 * (t + 128 * h), b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24);
+    }
+#pragma unroll
+    for (int i = 0; i + 1 < WGS_SCALE_AHEAD; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) ahead[i][h][j] = ahead[i + 1][h][j];
+    load_scales(ks + WGS_SCALE_AHEAD, ahead[WGS_SCALE_AHEAD - 1]);
+  }
+};
+
+// One 32-code group of a thread's four rows ([m][h]) into the A fragments of its two K slices
+// ([m][slice][register], mma_sm90.cuh): the packs at `sp` (chunk grp's column of the stage,
+// plus the thread's row 16 w + gid), their scales byte grp of sc[m][h].
+template <bool TWICE>
+__device__ __forceinline__ void wgs_decode_group(u32 sp, const u32 (&sc)[2][2], int grp, int tig,
+                                                 u32 (&fr)[2][2][4]) {
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      u32 v[4];
+      ld_shared_words(sp + (u32)((64 * m + 8 * h) * 16), v);
+      u32 b = __byte_perm(sc[m][h], 0u, 0x4440u + (u32)grp);  // scale byte grp
+      u32 f1, f2 = 0u;
+      if (TWICE)
+        mx_factors(b, f1, f2);
+      else
+        f1 = mx_factor_small(b);
+      u32 o[4];
+      mx_e2m1_word(wg_rs_codes(make_uint4(v[0], v[1], v[2], v[3]), tig), f1, f2, TWICE, o);
+      fr[m][0][h] = o[0];      // codes 2 tig, 2 tig + 1 of slice 2 grp
+      fr[m][0][2 + h] = o[1];  // + 8
+      fr[m][1][h] = o[2];      // slice 2 grp + 1
+      fr[m][1][2 + h] = o[3];
+    }
+}
+
+// Whether a byte of x exceeds 128: bit 7 set and a low bit set (the low 7 bits plus 0x7F carry
+// into bit 7 exactly when one of them is set, never into the next byte).
+__device__ __forceinline__ bool mx_any_scale_above_128(u32 x) {
+  return (((x & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & x & 0x80808080u) != 0u;
+}
+
+// Descriptor of the tile's 64 sorted rows, K slice s (0..7) of the step at sa.
+__device__ __forceinline__ u64 wgs_b_desc(u32 sa, int s) {
+  return wg_a_desc(sa + (u32)((s >> 2) * WGS_A_HALF), s & 3);
+}
+
+// A step's MMAs: 4 groups of 32 codes, each decoded and then multiplied (see the file head).
+// The fragment sets fr[set][m][slice][register] outlive the step: its last group's MMAs still
+// read set 1 until the next step's first wait.
+template <bool TWICE>
+__device__ __forceinline__ void wgs_step(u32 sa, u32 sp, const u32 (&sc)[2][2], int tig,
+                                         u32 (&fr)[2][2][2][4], float (&acc)[2][32]) {
+#pragma unroll
+  for (int grp = 0; grp < 4; ++grp) {
+    u32(&f)[2][2][4] = fr[grp & 1];
+    wgs_decode_group<TWICE>(sp + (u32)(grp * WGS_ROWS * 16), sc, grp, tig, f);
+    wgmma_fence();  // the fragments were just written
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int s = 0; s < 2; ++s) wgmma_bf16_rs_n64(acc[m], f[m][s], wgs_b_desc(sa, 2 * grp + s), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // group grp - 1 is done: its fragment set may be rewritten
+  }
+}
+
+template <bool GATED>
+__device__ void moe_gemm_wg_swap(const Params& p) {
+  pdl_enter();
+  extern __shared__ u8 wg_smem_raw[];
+  __shared__ __align__(8) u64 s_full[WG_STAGES], s_empty[WG_STAGES];
+  int tid = threadIdx.x;
+  int tiles = *(const int*)p.total_tiles;
+  int cols = GATED ? WG_COLS1 : WG_COLS2;
+  int nblk = ((GATED ? p.I : p.H) + cols - 1) / cols;
+  int work = tiles * nblk;
+  if ((int)blockIdx.x >= work) return;  // every thread of the block, before any barrier
+  u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;
+  u32 full0 = smem_addr(&s_full[0]), empty0 = smem_addr(&s_empty[0]);
+  if (tid == 0) {
+    for (int s = 0; s < WG_STAGES; ++s) {
+      mbar_init(full0 + 8 * s, WG_FULL_ARRIVALS);
+      mbar_init(empty0 + 8 * s, WG_EMPTY_ARRIVALS);
+    }
+#ifndef MP_HOST  // the emulator's mbarriers are visible once initialised
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+  }
+  __syncthreads();  // the last block-wide barrier: the roles never meet again
+  int K = GATED ? p.H : p.I;
+  int kbytes = K * 2;
+  int nk = (K + WGS_KSTEP - 1) / WGS_KSTEP;
+  const int* sorted = (const int*)p.sorted_rows;
+  const int* tile_expert = (const int*)p.tile_expert;
+
+  if (tid < 128) {
+    // Producer: activation chunk t & 7 of rows (t >> 3) + 16 i of both halves, the packs and
+    // scales of block rows t and t + 128.
+    u32 it = 0;  // ring steps produced
+    for (int w = blockIdx.x; w < work; w += gridDim.x) {
+      int tile, n0;
+      wg_work<GATED>(w, tiles, nblk, tile, n0);
+      WgActCopies<GATED, 128> acts(p, sorted + tile * BM, K, tid);
+      WgsPackCopies<GATED> packs(p, tile_expert[tile], n0, K, tid);
+      for (int ks = 0; ks < nk; ++ks, ++it) {
+        int st = it % WG_STAGES;
+        mbar_wait(empty0 + 8 * st, ((it / WG_STAGES) & 1) ^ 1);  // first pass: free
+        u32 sa = base + (u32)st * WG_STAGE_BYTES, bar = full0 + 8 * st;
+        packs.copy(sa + 2 * WGS_A_HALF, sa + 2 * WGS_A_HALF + WGS_PACKS, ks, tid);
+        acts.copy(sa, 2 * ks, kbytes, tid);
+        acts.copy(sa + WGS_A_HALF, 2 * ks + 1, kbytes, tid);
+        cp_async_arrive(bar);
+        mbar_arrive(bar);  // after the scales' stores (a release)
+      }
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // Consumers.
+  int ctid = tid - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
+  int gid = lane >> 2, tig = lane & 3;
+  // This thread's first block row (m = 0, h = 0); m adds 64, h adds 8.
+  int brow = 128 * wg + 16 * warp + gid;
+  u32 it = 0;  // ring steps consumed
+  u32 fr[2][2][2][4];
+  for (int w = blockIdx.x; w < work; w += gridDim.x) {
+    int tile, n0;
+    wg_work<GATED>(w, tiles, nblk, tile, n0);
+    int e = tile_expert[tile];
+    float acc[2][32];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) acc[m][i] = 0.0f;
+    for (int ks = 0; ks < nk; ++ks, ++it) {
+      int st = it % WG_STAGES;
+      mbar_wait(full0 + 8 * st, (it / WG_STAGES) & 1);
+      // The producer's cp.async wrote the activations through the generic proxy; the barrier
+      // made them visible to this thread, the fence to its wgmma (the async proxy).
+      fence_proxy_async();
+      u32 sa = base + (u32)st * WG_STAGE_BYTES, sp = sa + 2 * WGS_A_HALF;
+      u32 sc[2][2];
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          u32 v[1];
+          ld_shared_words(sp + WGS_PACKS + (u32)(4 * (brow + 64 * m + 8 * h)), v);
+          sc[m][h] = v[0];
+        }
+      // Scales above 2^1 need a second multiply (mx_factors); real weights have none, and a
+      // warp-uniform branch keeps that path out of the common one.
+      bool big = false;
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) big |= mx_any_scale_above_128(sc[m][h]);
+      u32 spr = sp + (u32)(brow * 16);
+      if (__any_sync(0xffffffffu, big))
+        wgs_step<true>(sa, spr, sc, tig, fr, acc);
+      else
+        wgs_step<false>(sa, spr, sc, tig, fr, acc);
+      // wgs_step's last wait retired its group 2; group 3 still reads this stage, the stage
+      // of step ks - 1 is done (its group 3 retired at this step's first wait).
+      if (ks > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
+    }
+    wgmma_wait<0>();
+    if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
+
+    // acc[m][4 j + 2 h + c]: MMA row 16 warp + gid + 8 h of m64 m, sorted row 8 j + 2 tig + c.
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        int q = sorted[tile * BM + 8 * j + 2 * tig + c];
+        if (q < 0) continue;
+        float wt = ((const float*)p.topk_weights)[q];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          int r = 16 * warp + gid + 8 * h;
+          if (GATED) {
+            int col = n0 + 64 * wg + r;
+            if (col < p.I) store_gated(p, e, q, col, acc[0][4 * j + 2 * h + c], acc[1][4 * j + 2 * h + c], wt);
+          } else {
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+              int col = n0 + 128 * wg + 64 * m + r;
+              if (col < p.H) store_down(p, e, q, col, acc[m][4 * j + 2 * h + c], wt);
+            }
+          }
+        }
+      }
+  }
+}
+
+MP_KERNEL void __launch_bounds__(WG_WS_THREADS, 1) moe_stage1(Params p) {
+  moe_gemm_wg_swap<true>(p);
+}
+MP_KERNEL void __launch_bounds__(WG_WS_THREADS, 1) moe_stage2(Params p) {
+  moe_gemm_wg_swap<false>(p);
+}
