@@ -107,18 +107,25 @@ struct WgsPackCopies {
   }
 };
 
-// One 32-code group of a thread's four rows ([m][h]) into the A fragments of its two K slices
-// ([m][slice][register], mma_sm90.cuh): the packs at `sp` (chunk grp's column of the stage,
-// plus the thread's row 16 w + gid), their scales byte grp of sc[m][h].
+// The packs of one 32-code group of a thread's four rows ([m][h][word]): at `sp` (chunk grp's
+// column of the stage, plus the thread's row 16 w + gid), m adds 64 rows, h 8.
+__device__ __forceinline__ void wgs_load_group(u32 sp, u32 (&pk)[2][2][4]) {
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) ld_shared_words(sp + (u32)((64 * m + 8 * h) * 16), pk[m][h]);
+}
+
+// Those packs into the A fragments of the group's two K slices ([m][slice][register],
+// mma_sm90.cuh), their scales byte grp of sc[m][h].
 template <bool TWICE>
-__device__ __forceinline__ void wgs_decode_group(u32 sp, const u32 (&sc)[2][2], int grp, int tig,
-                                                 u32 (&fr)[2][2][4]) {
+__device__ __forceinline__ void wgs_decode_group(const u32 (&pk)[2][2][4], const u32 (&sc)[2][2],
+                                                 int grp, int tig, u32 (&fr)[2][2][4]) {
 #pragma unroll
   for (int m = 0; m < 2; ++m)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      u32 v[4];
-      ld_shared_words(sp + (u32)((64 * m + 8 * h) * 16), v);
+      const u32* v = pk[m][h];
       u32 b = __byte_perm(sc[m][h], 0u, 0x4440u + (u32)grp);  // scale byte grp
       u32 f1, f2 = 0u;
       if (TWICE)
@@ -151,10 +158,15 @@ __device__ __forceinline__ u64 wgs_b_desc(u32 sa, int s) {
 template <bool TWICE>
 __device__ __forceinline__ void wgs_step(u32 sa, u32 sp, const u32 (&sc)[2][2], int tig,
                                          u32 (&fr)[2][2][2][4], float (&acc)[2][32]) {
+  // The next group's packs are loaded before this group's decode, so that their latency
+  // passes under it (the loads, asm volatile, keep their place among the MMAs' asm).
+  u32 pk[2][2][2][4];  // [buffer][m][h][word]
+  wgs_load_group(sp, pk[0]);
 #pragma unroll
   for (int grp = 0; grp < 4; ++grp) {
     u32(&f)[2][2][4] = fr[grp & 1];
-    wgs_decode_group<TWICE>(sp + (u32)(grp * WGS_ROWS * 16), sc, grp, tig, f);
+    if (grp + 1 < 4) wgs_load_group(sp + (u32)((grp + 1) * WGS_ROWS * 16), pk[(grp + 1) & 1]);
+    wgs_decode_group<TWICE>(pk[grp & 1], sc, grp, tig, f);
     wgmma_fence();  // the fragments were just written
 #pragma unroll
     for (int m = 0; m < 2; ++m)
