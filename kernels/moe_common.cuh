@@ -333,18 +333,32 @@ __device__ __forceinline__ float activate(float g, float u, const Params& p) {
 // cast to the output dtype (as the CPU backend does) and, when stage 2 reads 16-bit
 // activations of the other 16-bit type, once more to that type (INTER_F16); quantized stage-2
 // activations start from the cast. Without a gated activation `g` is unused.
-__device__ __forceinline__ u16 gated_value(const Params& p, int e, int col, float g, float u,
-                                           float w) {
+// The biases of column col of expert e's stage 1 (gate, up; 0 where there are none).
+__device__ __forceinline__ void gated_bias(const Params& p, int e, int col, float& bg, float& bu) {
+  bg = bu = 0.0f;
+#if HAS_BIAS
+  const float* b = (const float*)p.w13_bias + (i64)e * (GATED_ACT ? 2 : 1) * p.Ip;
+#if GATED_ACT
+  bg = b[gate_row(col, p.Ip)];
+#endif
+  bu = b[up_row(col, p.Ip)];
+#endif
+}
+// gated_value with the column's biases already loaded (gated_bias): an epilogue that loads
+// every bias before its first store keeps the loads from waiting behind the stores.
+__device__ __forceinline__ u16 gated_value_biased(const Params& p, float g, float u, float w,
+                                                  float bg, float bu) {
 #if RWOI
   g *= w;
   u *= w;
 #endif
 #if HAS_BIAS
-  const float* b = (const float*)p.w13_bias + (i64)e * (GATED_ACT ? 2 : 1) * p.Ip;
 #if GATED_ACT
-  g += b[gate_row(col, p.Ip)];
+  g += bg;
 #endif
-  u += b[up_row(col, p.Ip)];
+  u += bu;
+#else
+  (void)bg, (void)bu;
 #endif
   float a = activate(g, u, p);
 #if OUT_F16
@@ -357,6 +371,12 @@ __device__ __forceinline__ u16 gated_value(const Params& p, int e, int col, floa
   o = INTER_F16 ? mp_f32_to_f16(r) : mp_f32_to_bf16(r);
 #endif
   return o;
+}
+__device__ __forceinline__ u16 gated_value(const Params& p, int e, int col, float g, float u,
+                                           float w) {
+  float bg, bu;
+  gated_bias(p, e, col, bg, bu);
+  return gated_value_biased(p, g, u, w, bg, bu);
 }
 __device__ __forceinline__ void store_gated(const Params& p, int e, i64 q, int col, float g,
                                             float u, float w) {
@@ -375,14 +395,29 @@ __device__ __forceinline__ void store_gated2(const Params& p, int e, i64 q, int 
 
 // Stage-2 epilogue of both GEMM paths: bias, then the routing weight unless it was applied
 // on the input.
-__device__ __forceinline__ float down_value(const Params& p, int e, int col, float v, float w) {
+// Stage 2's bias of column col of expert e (0 where there is none).
+__device__ __forceinline__ float down_bias(const Params& p, int e, int col) {
 #if HAS_BIAS
-  v += ((const float*)p.w2_bias)[(i64)e * p.Hp + col];
+  return ((const float*)p.w2_bias)[(i64)e * p.Hp + col];
+#else
+  (void)p, (void)e, (void)col;
+  return 0.0f;
+#endif
+}
+// down_value with the column's bias already loaded (down_bias), as gated_value_biased.
+__device__ __forceinline__ float down_value_biased(float v, float w, float bias) {
+#if HAS_BIAS
+  v += bias;
+#else
+  (void)bias;
 #endif
 #if !RWOI
   v *= w;
 #endif
   return v;
+}
+__device__ __forceinline__ float down_value(const Params& p, int e, int col, float v, float w) {
+  return down_value_biased(v, w, down_bias(p, e, col));
 }
 // PARTIALS_16 (spec::KernelSpec::partials_16, the wgmma family's): stage 2's partial rows y
 // (pair x H) are stored in the output's 16-bit type, so that stage 2 writes and moe_reduce

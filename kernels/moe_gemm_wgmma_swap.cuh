@@ -278,28 +278,62 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
       // of step ks - 1 is done (its group 3 retired at this step's first wait).
       if (ks > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
     }
+    // The epilogue's loads (pairs, routing weights, biases), all issued before the first
+    // store and before the last MMAs retire: a store between two loads would keep the second
+    // waiting (the compiler cannot move a load above a store it may alias), and ncu had the
+    // item-by-item chain of them as the kernel's long-scoreboard stalls.
+    int q[BM / 8][2];
+    float wt[BM / 8][2], bias[2][2];  // stage 1: [h][gate, up]; stage 2: [m][h]
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) q[j][c] = sorted[tile * BM + 8 * j + 2 * tig + c];
+    int r0 = 16 * warp + gid;  // MMA row of h = 0
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (GATED) {
+        int col = n0 + 64 * wg + r0 + 8 * h;
+        bias[h][0] = bias[h][1] = 0.0f;
+        if (col < p.I) gated_bias(p, e, col, bias[h][0], bias[h][1]);
+      } else {
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          int col = n0 + 128 * wg + 64 * m + r0 + 8 * h;
+          bias[m][h] = col < p.H ? down_bias(p, e, col) : 0.0f;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        wt[j][c] = q[j][c] >= 0 ? ((const float*)p.topk_weights)[q[j][c]] : 0.0f;
     wgmma_wait<0>();
     if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
 
-    // acc[m][4 j + 2 h + c]: MMA row 16 warp + gid + 8 h of m64 m, sorted row 8 j + 2 tig + c.
+    // acc[m][4 j + 2 h + c]: MMA row r0 + 8 h of m64 m, sorted row 8 j + 2 tig + c.
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        int q = sorted[tile * BM + 8 * j + 2 * tig + c];
-        if (q < 0) continue;
-        float wt = ((const float*)p.topk_weights)[q];
+        i64 qq = q[j][c];
+        if (qq < 0) continue;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          int r = 16 * warp + gid + 8 * h;
+          int r = r0 + 8 * h;
           if (GATED) {
             int col = n0 + 64 * wg + r;
-            if (col < p.I) store_gated(p, e, q, col, acc[0][4 * j + 2 * h + c], acc[1][4 * j + 2 * h + c], wt);
+            if (col < p.I)
+              ((u16*)p.inter)[qq * p.I + col] =
+                  gated_value_biased(p, acc[0][4 * j + 2 * h + c], acc[1][4 * j + 2 * h + c],
+                                     wt[j][c], bias[h][0], bias[h][1]);
           } else {
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
               int col = n0 + 128 * wg + 64 * m + r;
-              if (col < p.H) store_down(p, e, q, col, acc[m][4 * j + 2 * h + c], wt);
+              if (col < p.H)
+                store_partial(p, qq * p.H + col,
+                              down_value_biased(acc[m][4 * j + 2 * h + c], wt[j][c], bias[m][h]));
             }
           }
         }

@@ -101,6 +101,12 @@ pub fn persistent_grid(spec: &KernelSpec, launch: &MoeLaunch, m: usize, topk: us
     if let Some(v) = *WGMMA_PERSISTENT_PREFERENCE {
         return v != 0;
     }
+    // The swap-AB kernel: persistent measured 0.98x / 0.97x a block per item at gpt-oss
+    // M = 1024 / 4096 (H100, bench/NOTES.md, session 24): its items' epilogues and first
+    // copies then overlap the next item's.
+    if spec.wgmma_swap() {
+        return true;
+    }
     let l = &launch.config.layout;
     let k_step = if spec.act_dtype.is_quantized() {
         128
