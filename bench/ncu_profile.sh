@@ -7,7 +7,8 @@ set -uo pipefail
 export MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so PYTHONUNBUFFERED=1
 export MOEPLUG_CACHE_DIR=/tmp/moeplug-cache MOEPLUG_SELFTEST=0
 export BENCH_E="gpt-oss-120b=128,deepseek-v3=256,qwen3-30b-a3b=128" BENCH_ITERS=1 BENCH_SETS=1
-# NCU_WHAT=breakdown: which L2 / L1 sub-unit is the busy one, tensor-pipe activity and stalls.
+# NCU_WHAT=breakdown: which L2 / L1 sub-unit is the busy one, tensor-pipe activity and stalls
+# (NCU_EXTRA: more metrics, comma-separated).
 # NCU_KERNELS (regex, default moe_stage), NCU_SKIP / NCU_COUNT (launches of those kernels skipped
 # and profiled, default 2 / 2): e.g. NCU_KERNELS=moe_ NCU_SKIP=6 NCU_COUNT=6 for every kernel
 # of one launch that has six.
@@ -19,7 +20,7 @@ breakdown:l1tex__throughput.avg.pct_of_peak_sustained_elapsed,\
 regex:sm__pipe_tensor.*cycles_active.avg.pct_of_peak_sustained_active,\
 regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,\
 lts__t_bytes.sum.per_second,lts__t_sectors_srcunit_tex_op_read.sum,\
-lts__t_requests_srcunit_tex_op_read.sum,dram__bytes_read.sum,dram__bytes_write.sum"
+lts__t_requests_srcunit_tex_op_read.sum,dram__bytes_read.sum,dram__bytes_write.sum${NCU_EXTRA:+,$NCU_EXTRA}"
 fi
 for c in "$@"; do
   IFS=: read -r model fmt m <<<"$c"
