@@ -133,7 +133,7 @@
 #if WG_MX4 && (ACT_Q || ACT_F16 || WG_B_ROWS != (WG_SWAP ? 256 : 128))
 #error "MXFP4 weights: bf16 activations, 128 weight rows per block (one pack per thread)"
 #endif
-#if WG_RS && (!WG_MX4 || WG_N != BM || WG_TMA || (WG_WS && BM != 64))
+#if WG_RS && (!WG_MX4 || WG_N != BM || WG_TMA)
 #error "register-operand weights: MXFP4, the MMA's N the tile's BM sorted rows, without TMA"
 #endif
 #if WG_TMA && (WLAYOUT != WL_AITER_16X16 || WG_MX4)

@@ -1,6 +1,7 @@
 // MXFP4 swap-AB on the warp-specialised kernel (WG_SWAP = WG_RS && WG_WS; included by
 // moe_gemm_wgmma.cuh, whose helpers it uses): the weights are wgmma's register operand A on
-// the MMA's 64-row side, the tile's 64 sorted rows its N, and a K step is 128 codes.
+// the MMA's 64-row side, the tile's BM (64 or 128) sorted rows its N, and a K step is 128
+// codes.
 //
 // Why (bench/NOTES.md, session 23): the MXFP4 tile kernel spends ~7.1 thread instructions per
 // decoded code, the peer (triton_kernels) ~4, because each of our steps decodes 32 codes per
@@ -9,14 +10,14 @@
 // thread decodes 128 codes per step straight into its MMAs' A fragments, and the producer
 // warpgroup alone issues the copies.
 //
-// A block: 256 weight rows, two consumer warpgroups of 128 (two m64 each), 64 sorted rows.
+// A block: 256 weight rows, two consumer warpgroups of 128 (two m64 each), BM sorted rows.
 // Stage 1: consumer warpgroup g's m64 0 is the gate rows and m64 1 the up rows of the 64
 // output columns n0 + 64 g .. (so the SwiGLU pairs meet in-thread, accumulator i of each);
 // stage 2: its m64 m is output columns n0 + 128 g + 64 m ...
 // Block row b (0..255; the producer's copies and the pack area's order) is 128 g + 64 m + r for
 // MMA row r of m64 m of warpgroup g, r = 16 w + gid + 8 h for warp w's lane (gid, tig).
 //
-// A ring stage: the activation tile as two 64-K halves (64 rows x 128 bytes, 128-byte
+// A ring stage: the activation tile as two 64-K halves (BM rows x 128 bytes, 128-byte
 // swizzle, the B operand), the step's packs as [16-byte chunk j][block row] (a warp's 8 rows
 // of one chunk are 128 contiguous bytes: its LDS.128 is one wavefront, each quad's lanes read
 // the same pack and keep byte tig of each word, wg_rs_codes), then a 32-bit word per block row
@@ -26,9 +27,17 @@
 // into 16 fragment registers, 4 wgmma (2 m64 x 2 k16); two fragment sets alternate, a group's
 // MMAs in flight while the next group decodes (wgmma_wait<1> before a set is rewritten).
 #pragma once
-#if !WG_MX4 || BM != 64 || WG_N != 64 || WG_TMA || WG_DECODERS || WG_KSPLIT || FUSED_QUANT2
-#error "WG_SWAP: MXFP4, 64-row tiles, N 64, no TMA / decoders / K split / fused quantization"
+#if !WG_MX4 || WG_N != BM || WG_TMA || WG_DECODERS || WG_KSPLIT || FUSED_QUANT2
+#error "WG_SWAP: MXFP4, N the tile's rows, no TMA / decoders / K split / fused quantization"
 #endif
+#define WGS_ACC (BM / 2)  // accumulators per thread and m64
+// 128-row tiles: each consumer thread holds 2 x 64 accumulators, more than the 168 registers
+// per thread that 384 threads get; the producer gives registers back and the consumers take
+// them (setmaxnreg), within the block's 384 x 168: 128 x 72 + 256 x 216.
+#define WGS_SETMAXNREG (BM == 128)
+#define WGS_PRODUCER_REGS 72
+#define WGS_CONSUMER_REGS 216
+static_assert(128 * WGS_PRODUCER_REGS + 256 * WGS_CONSUMER_REGS <= 384 * 168, "setmaxnreg");
 #define WGS_ROWS 256                 // weight rows of a block
 #define WGS_A_HALF (BM * WG_ROW)     // one 64-K half of the activation tile
 #define WGS_PACKS (WGS_ROWS * 64)    // a step's packed codes: 4 chunks per row
@@ -147,7 +156,7 @@ __device__ __forceinline__ bool mx_any_scale_above_128(u32 x) {
   return (((x & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & x & 0x80808080u) != 0u;
 }
 
-// Descriptor of the tile's 64 sorted rows, K slice s (0..7) of the step at sa.
+// Descriptor of the tile's BM sorted rows, K slice s (0..7) of the step at sa.
 __device__ __forceinline__ u64 wgs_b_desc(u32 sa, int s) {
   return wg_a_desc(sa + (u32)((s >> 2) * WGS_A_HALF), s & 3);
 }
@@ -157,7 +166,7 @@ __device__ __forceinline__ u64 wgs_b_desc(u32 sa, int s) {
 // read set 1 until the next step's first wait.
 template <bool TWICE>
 __device__ __forceinline__ void wgs_step(u32 sa, u32 sp, const u32 (&sc)[2][2], int tig,
-                                         u32 (&fr)[2][2][2][4], float (&acc)[2][32]) {
+                                         u32 (&fr)[2][2][2][4], float (&acc)[2][WGS_ACC]) {
   // The next group's packs are loaded before this group's decode, so that their latency
   // passes under it (the loads, asm volatile, keep their place among the MMAs' asm).
   u32 pk[2][2][2][4];  // [buffer][m][h][word]
@@ -171,7 +180,13 @@ __device__ __forceinline__ void wgs_step(u32 sa, u32 sp, const u32 (&sc)[2][2], 
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
-      for (int s = 0; s < 2; ++s) wgmma_bf16_rs_n64(acc[m], f[m][s], wgs_b_desc(sa, 2 * grp + s), 1);
+      for (int s = 0; s < 2; ++s) {
+#if BM == 64
+        wgmma_bf16_rs_n64(acc[m], f[m][s], wgs_b_desc(sa, 2 * grp + s), 1);
+#else
+        wgmma_bf16_rs_n128(acc[m], f[m][s], wgs_b_desc(sa, 2 * grp + s), 1);
+#endif
+      }
     wgmma_commit();
     wgmma_wait<1>();  // group grp - 1 is done: its fragment set may be rewritten
   }
@@ -209,6 +224,9 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
   if (tid < 128) {
     // Producer: activation chunk t & 7 of rows (t >> 3) + 16 i of both halves, the packs and
     // scales of block rows t and t + 128.
+#if WGS_SETMAXNREG && !defined(MP_HOST)
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(WGS_PRODUCER_REGS));
+#endif
     u32 it = 0;  // ring steps produced
     for (int w = blockIdx.x; w < work; w += gridDim.x) {
       int tile, n0;
@@ -231,6 +249,9 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
   }
 
   // Consumers.
+#if WGS_SETMAXNREG && !defined(MP_HOST)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(WGS_CONSUMER_REGS));
+#endif
   int ctid = tid - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
   int gid = lane >> 2, tig = lane & 3;
   // This thread's first block row (m = 0, h = 0); m adds 64, h adds 8.
@@ -241,11 +262,11 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
     int tile, n0;
     wg_work<GATED>(w, tiles, nblk, tile, n0);
     int e = tile_expert[tile];
-    float acc[2][32];
+    float acc[2][WGS_ACC];
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
-      for (int i = 0; i < 32; ++i) acc[m][i] = 0.0f;
+      for (int i = 0; i < WGS_ACC; ++i) acc[m][i] = 0.0f;
     for (int ks = 0; ks < nk; ++ks, ++it) {
       int st = it % WG_STAGES;
       mbar_wait(full0 + 8 * st, (it / WG_STAGES) & 1);
@@ -278,17 +299,13 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
       // of step ks - 1 is done (its group 3 retired at this step's first wait).
       if (ks > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
     }
-    // The epilogue's loads (pairs, routing weights, biases), all issued before the first
-    // store and before the last MMAs retire: a store between two loads would keep the second
-    // waiting (the compiler cannot move a load above a store it may alias), and ncu had the
-    // item-by-item chain of them as the kernel's long-scoreboard stalls.
-    int q[BM / 8][2];
-    float wt[BM / 8][2], bias[2][2];  // stage 1: [h][gate, up]; stage 2: [m][h]
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) q[j][c] = sorted[tile * BM + 8 * j + 2 * tig + c];
+    // The epilogue's loads (pairs, routing weights, biases), issued before the stores of
+    // their 64 sorted rows and, for the first 64, before the last MMAs retire: a store between
+    // two loads would keep the second waiting (the compiler cannot move a load above a store
+    // it may alias), and ncu had the item-by-item chain of them as the kernel's long-
+    // scoreboard stalls. 64 rows at a time: 128 rows' would not fit beside 128 accumulators.
     int r0 = 16 * warp + gid;  // MMA row of h = 0
+    float bias[2][2];          // stage 1: [h][gate, up]; stage 2: [m][h]
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (GATED) {
@@ -304,40 +321,50 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
       }
     }
 #pragma unroll
-    for (int j = 0; j < BM / 8; ++j)
+    for (int j0 = 0; j0 < BM / 8; j0 += 8) {
+      int q[8][2];
+      float wt[8][2];
 #pragma unroll
-      for (int c = 0; c < 2; ++c)
-        wt[j][c] = q[j][c] >= 0 ? ((const float*)p.topk_weights)[q[j][c]] : 0.0f;
-    wgmma_wait<0>();
-    if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
-
-    // acc[m][4 j + 2 h + c]: MMA row r0 + 8 h of m64 m, sorted row 8 j + 2 tig + c.
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
-    for (int j = 0; j < BM / 8; ++j)
+        for (int c = 0; c < 2; ++c) q[j][c] = sorted[tile * BM + 8 * (j0 + j) + 2 * tig + c];
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        i64 qq = q[j][c];
-        if (qq < 0) continue;
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          int r = r0 + 8 * h;
-          if (GATED) {
-            int col = n0 + 64 * wg + r;
-            if (col < p.I)
-              ((u16*)p.inter)[qq * p.I + col] =
-                  gated_value_biased(p, acc[0][4 * j + 2 * h + c], acc[1][4 * j + 2 * h + c],
-                                     wt[j][c], bias[h][0], bias[h][1]);
-          } else {
+        for (int c = 0; c < 2; ++c)
+          wt[j][c] = q[j][c] >= 0 ? ((const float*)p.topk_weights)[q[j][c]] : 0.0f;
+      if (j0 == 0) {
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
+      }
+      // acc[m][4 j + 2 h + c]: MMA row r0 + 8 h of m64 m, sorted row 8 j + 2 tig + c.
 #pragma unroll
-            for (int m = 0; m < 2; ++m) {
-              int col = n0 + 128 * wg + 64 * m + r;
-              if (col < p.H)
-                store_partial(p, qq * p.H + col,
-                              down_value_biased(acc[m][4 * j + 2 * h + c], wt[j][c], bias[m][h]));
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          i64 qq = q[j][c];
+          if (qq < 0) continue;
+          int a = 4 * (j0 + j) + c;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            int r = r0 + 8 * h;
+            if (GATED) {
+              int col = n0 + 64 * wg + r;
+              if (col < p.I)
+                ((u16*)p.inter)[qq * p.I + col] = gated_value_biased(
+                    p, acc[0][a + 2 * h], acc[1][a + 2 * h], wt[j][c], bias[h][0], bias[h][1]);
+            } else {
+#pragma unroll
+              for (int m = 0; m < 2; ++m) {
+                int col = n0 + 128 * wg + 64 * m + r;
+                if (col < p.H)
+                  store_partial(p, qq * p.H + col,
+                                down_value_biased(acc[m][a + 2 * h], wt[j][c], bias[m][h]));
+              }
             }
           }
         }
-      }
+    }
   }
 }
 

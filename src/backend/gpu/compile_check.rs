@@ -283,22 +283,26 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                         .filter(&keep);
                                     out.extend(register_weights);
                                 }
-                                // MXFP4 on the swap-AB kernel (an opt-in, MOEPLUG_WGMMA_SWAP=1):
-                                // that variant of every configuration it takes.
-                                let swap = (family == Family::Wgmma)
-                                    .then(|| KernelSpec {
-                                        wgmma_rs: true,
-                                        wgmma_ws: true,
-                                        wgmma_tma: false,
-                                        wgmma_bm: 64,
-                                        wgmma_n: 64,
-                                        wgmma_blocks: 1,
-                                        wgmma_decoders: 0,
-                                        wgmma_pack_copies: false,
-                                        ..spec.clone()
-                                    })
-                                    .filter(&keep);
-                                out.extend(swap);
+                                // MXFP4 on the swap-AB kernel (an opt-in, MOEPLUG_WGMMA_SWAP=1)
+                                // on 64-row tiles, and on 128 for every other configuration:
+                                // those variants of every configuration it takes.
+                                for rows in [64, 128] {
+                                    let swap = (family == Family::Wgmma
+                                        && (rows == 64 || chosen % 2 == 0))
+                                        .then(|| KernelSpec {
+                                            wgmma_rs: true,
+                                            wgmma_ws: true,
+                                            wgmma_tma: false,
+                                            wgmma_bm: rows,
+                                            wgmma_n: rows,
+                                            wgmma_blocks: 1,
+                                            wgmma_decoders: 0,
+                                            wgmma_pack_copies: false,
+                                            ..spec.clone()
+                                        })
+                                        .filter(&keep);
+                                    out.extend(swap);
+                                }
                                 // MOEPLUG_STREAM_PREFETCH (opt-in) on the other stream
                                 // configurations, rotated: one step with K split 2 (the host
                                 // emulation's K, 256 / 96, then reaches past the distance in

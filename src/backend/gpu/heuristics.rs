@@ -498,10 +498,7 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
         // N, `wgmma_n`).
         W::Mxfp4 => {
             let shape = if spec.wgmma_rs {
-                // the swap-AB kernel (warp-specialised) is written for 64-row tiles
-                spec.wgmma_n == spec.wgmma_bm
-                    && spec.wgmma_blocks == 1
-                    && (!spec.wgmma_ws || spec.wgmma_bm == 64)
+                spec.wgmma_n == spec.wgmma_bm && spec.wgmma_blocks == 1
             } else {
                 spec.wgmma_bm == 128 && spec.wgmma_n == 128
             };
