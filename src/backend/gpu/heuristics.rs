@@ -65,6 +65,8 @@ enum TileRows {
     Fixed(u32),
     /// 64 or 128, whichever reads fewer bytes through the L2 ([`wgmma_l2_bytes`]).
     ByL2Bytes,
+    /// 128 from this many pairs per expert, else 64.
+    ByPairs(usize),
 }
 
 /// `MOEPLUG_WGMMA_TMA=0|1`: weight tiles by TMA (the default where it covers the
@@ -149,11 +151,13 @@ static WGMMA_RS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG
 /// better than without them (bench/NOTES.md, session 22).
 static WGMMA_DECODERS_PREFERENCE: Lazy<Option<u32>> =
     Lazy::new(|| env_choice("MOEPLUG_WGMMA_DECODERS"));
-/// `MOEPLUG_WGMMA_SWAP=1`: MXFP4 on the swap-AB kernel (register-operand weights on the
-/// warp-specialised kernel: 256 weight rows per block, 64-row tiles, 128 codes per step;
-/// moe_gemm_wgmma_swap.cuh); an opt-in until measured.
+/// `MOEPLUG_WGMMA_SWAP=0|1`: MXFP4 on the swap-AB kernel (register-operand weights on the
+/// warp-specialised kernel: 256 weight rows per block, 128 codes per step;
+/// moe_gemm_wgmma_swap.cuh; the default) or on the shared-memory tile kernel (0). Measured on
+/// the H100 (bench/NOTES.md, session 24) at gpt-oss M = 1024 / 4096: 0.77x / 0.99x the tile
+/// kernel's time, on the tile heights of [`default_tile_rows`].
 static WGMMA_SWAP_PREFERENCE: Lazy<bool> =
-    Lazy::new(|| std::env::var("MOEPLUG_WGMMA_SWAP").is_ok_and(|v| v.trim() == "1"));
+    Lazy::new(|| std::env::var("MOEPLUG_WGMMA_SWAP").map_or(true, |v| v.trim() != "0"));
 /// `MOEPLUG_WGMMA_PACK_COPIES=1`: the MXFP4 tile kernel copies each thread's pack and scale
 /// word two steps ahead by cp.async ([`KernelSpec::wgmma_pack_copies`]); an opt-in until
 /// measured (built after call 27's ncu had the step waiting on global memory, session 22).
@@ -709,6 +713,14 @@ fn wgmma_shape_for(
 ) -> KernelSpec {
     match rows {
         Some(TileRows::Fixed(bm)) => wgmma_shape(spec, Some(bm)),
+        Some(TileRows::ByPairs(least)) => {
+            let rows = if m * topk >= least * experts.max(1) {
+                128
+            } else {
+                64
+            };
+            wgmma_shape(spec, Some(rows))
+        }
         Some(TileRows::ByL2Bytes) => {
             let bytes = |s: &KernelSpec| wgmma_l2_bytes(s, m, topk, experts);
             let tall = wgmma_shape(spec.clone(), Some(128));
@@ -733,12 +745,16 @@ fn wgmma_shape_for(
 ///   128-row tiles are full and read fewer bytes: the byte count does not bind this kernel.
 /// - everything else: the L2 rule ([`wgmma_l2_bytes`]). On bf16 it picks 64 rows up to 32
 ///   pairs per expert (0.90-0.92x) and 128 from 64 pairs, where 64-row tiles measured 1.00x
-///   (Qwen3) to 1.14x (Qwen3 at 256 pairs). MXFP4 fills 128-row tiles only.
+///   (Qwen3) to 1.14x (Qwen3 at 256 pairs).
+/// - MXFP4 (the swap-AB kernel): 128 rows from 64 pairs per expert. Against the tile kernel
+///   (H100, gpt-oss, bench/NOTES.md session 24), 64-row tiles took 0.76x / 0.77x / 1.06x /
+///   1.16x its time at M = 512 / 1024 / 2048 / 4096 (16-128 pairs per expert), 128-row tiles
+///   1.01x / 1.02x / 0.98x / 0.99x: a 64-row tile decodes each weight once per 64 pairs. (The
+///   tile kernel, `MOEPLUG_WGMMA_SWAP=0`, fills 128-row tiles only.)
 fn default_tile_rows(format: WeightFormat) -> TileRows {
     match format {
         WeightFormat::Fp8Block128 => TileRows::Fixed(64),
-        // the swap-AB kernel's tiles
-        WeightFormat::Mxfp4 if *WGMMA_SWAP_PREFERENCE => TileRows::Fixed(64),
+        WeightFormat::Mxfp4 if *WGMMA_SWAP_PREFERENCE => TileRows::ByPairs(64),
         _ => TileRows::ByL2Bytes,
     }
 }
@@ -778,7 +794,7 @@ fn wgmma_shape(mut spec: KernelSpec, rows: Option<u32>) -> KernelSpec {
             }
         },
         &|s| {
-            if *WGMMA_SWAP_PREFERENCE {
+            if *WGMMA_SWAP_PREFERENCE && s.weight_format == WeightFormat::Mxfp4 {
                 s.wgmma_rs = true;
                 s.wgmma_ws = true;
                 s.wgmma_tma = false;
@@ -1065,9 +1081,12 @@ mod tests {
                 mx.wgmma_n,
                 mx.wgmma_blocks,
                 mx.wgmma_tma,
-                mx.wgmma_rs
+                mx.wgmma_rs,
+                mx.wgmma_ws,
+                mx.wgmma_swap()
             ),
-            (128, 128, 2, false, false)
+            // the swap-AB kernel, on 64-row tiles unless the launch's pairs ask for 128
+            (64, 64, 1, false, true, true, true)
         );
     }
 
@@ -1112,8 +1131,9 @@ mod tests {
         assert_eq!(rows(&base, 512, 8, 128), (64, 256, true));
         assert_eq!(rows(&base, 1024, 8, 128), (128, 256, true));
         assert_eq!(rows(&base, 4096, 8, 128), (128, 256, true));
-        // MXFP4 fills 128 x 128 blocks only: never 64 rows
-        assert_eq!(rows(&mx, 1024, 4, 128).0, 128);
+        // MXFP4 (the swap-AB kernel, 256 weight rows either way): 64-row tiles where they
+        // read fewer bytes, as for bf16
+        assert_eq!(rows(&mx, 1024, 4, 128), (64, 256, true));
         // and a fixed preference is taken as given
         let s = wgmma_shape_for(fp8.clone(), Some(TileRows::Fixed(64)), 4096, 8, 256);
         assert_eq!((s.wgmma_bm, s.wgmma_ws), (64, true));
@@ -1135,8 +1155,11 @@ mod tests {
         assert_eq!(rows(&base, 64, 8, 128), (64, 256));
         assert_eq!(rows(&base, 512, 8, 128), (64, 256));
         assert_eq!(rows(&base, 1024, 8, 128), (128, 256));
-        // MXFP4: 128 x 128 only
-        assert_eq!(rows(&mx, 4096, 4, 128), (128, 128));
+        // MXFP4 (the swap-AB kernel): 64 rows below 64 pairs per expert (gpt-oss: 128 experts,
+        // top 4), 128 from 64
+        assert_eq!(rows(&mx, 1024, 4, 128), (64, 256));
+        assert_eq!(rows(&mx, 2048, 4, 128), (128, 256));
+        assert_eq!(rows(&mx, 4096, 4, 128), (128, 256));
     }
 
     /// A launch of `m` tokens over the kit's MoE shapes (never dereferenced: the heuristics
@@ -1447,6 +1470,18 @@ mod tests {
             ..tile.clone()
         };
         assert_eq!(why(&ws), None);
+        // The swap-AB kernel: register-operand weights on the warp-specialised kernel, N the
+        // tile's rows.
+        for rows in [64, 128] {
+            let swap = KernelSpec {
+                wgmma_rs: true,
+                wgmma_bm: rows,
+                wgmma_n: rows,
+                ..ws.clone()
+            };
+            assert_eq!(why(&swap), None, "{rows}-row swap");
+            assert!(swap.wgmma_swap() && swap.wgmma_block_rows() == 256);
+        }
         for refused in [
             KernelSpec {
                 wgmma_blocks: 2,
@@ -1454,6 +1489,8 @@ mod tests {
             },
             KernelSpec {
                 wgmma_rs: true,
+                wgmma_bm: 64,
+                wgmma_n: 128,
                 ..ws.clone()
             },
             KernelSpec {
