@@ -81,22 +81,22 @@ static WGMMA_WS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG
 static WGMMA_PERSISTENT_PREFERENCE: Lazy<Option<u32>> =
     Lazy::new(|| env_choice("MOEPLUG_WGMMA_PERSISTENT"));
 
-/// Stage-1 K steps (128-byte rows of K) and pairs per expert from which the warp-specialised
-/// wgmma kernel runs from a block per work item rather than persistent. Measured on the H200
+/// Stage-1 K steps (128-byte rows of K) from which the warp-specialised wgmma kernel runs from
+/// a block per work item rather than persistent. Measured on the H200
 /// (bench/NOTES.md, session 19, both stages switched together): a block per item took 0.89x /
 /// 0.97x the time on gpt-oss bf16 (45 steps) at M = 4096 / 1024 and 0.97x / 0.98x on DeepSeek
 /// fp8 (56 steps), 32-128 pairs per expert; on Qwen3 (16 fp8 or 32 bf16 steps) 1.05-1.08x,
 /// except bf16 at M = 4096 (0.98x). A long item hides the launch of the next block, and the
 /// in-order hand-out keeps an expert's tiles reading its weight tiles together (DRAM read
 /// 1.9x stage 1's weights on DeepSeek M = 4096 persistent); a short item needs the
-/// persistent loop's overlap of its epilogue with the next item's copies. Below 32 pairs per
-/// expert (decode) nothing was measured: persistent as before.
+/// persistent loop's overlap of its epilogue with the next item's copies. At decode (H100,
+/// session 24) the same split: a block per item took 0.976-0.990x on gpt-oss bf16 and
+/// 0.980-0.988x on DeepSeek fp8 at M = 8-256, 1.003-1.077x on Qwen3 bf16 / fp8.
 pub const WGMMA_ITEM_GRID_MIN_K_STEPS: usize = 40;
-pub const WGMMA_ITEM_GRID_MIN_PAIRS_PER_EXPERT: usize = 32;
 
-/// Whether `spec`'s GEMM stages launch one block per SM that loops over the work, for a launch
-/// of `m` tokens top-`topk` (else one block per work item: the kernel's loop then runs once).
-pub fn persistent_grid(spec: &KernelSpec, launch: &MoeLaunch, m: usize, topk: usize) -> bool {
+/// Whether `spec`'s GEMM stages launch one block per SM that loops over the work (else one
+/// block per work item: the kernel's loop then runs once).
+pub fn persistent_grid(spec: &KernelSpec, launch: &MoeLaunch) -> bool {
     if !spec.persistent() {
         return false;
     }
@@ -115,9 +115,7 @@ pub fn persistent_grid(spec: &KernelSpec, launch: &MoeLaunch, m: usize, topk: us
     } else {
         64
     };
-    let pairs_per_expert = m * topk / l.num_experts.max(1);
     l.hidden_size.div_ceil(k_step) < WGMMA_ITEM_GRID_MIN_K_STEPS
-        || pairs_per_expert < WGMMA_ITEM_GRID_MIN_PAIRS_PER_EXPERT
 }
 
 /// `MOEPLUG_WGMMA_KSPLIT=1`: the warp-specialised kernel's warpgroups split K over the same
@@ -1284,14 +1282,14 @@ mod tests {
         let cases = [
             (bf16, 128, 2880, 2880, 4, 1024, false), // gpt-oss: 45 steps, 32 pairs per expert
             (bf16, 128, 2880, 2880, 4, 4096, false),
-            (bf16, 128, 2880, 2880, 4, 512, true), // 16 pairs per expert: not measured
+            (bf16, 128, 2880, 2880, 4, 8, false), // and at decode (session 24)
             (fp8, 256, 7168, 2048, 8, 1024, false), // DeepSeek: 56 fp8 steps
             (fp8, 256, 7168, 2048, 8, 4096, false),
-            (fp8, 256, 7168, 2048, 8, 1, true),
+            (fp8, 256, 7168, 2048, 8, 64, false),
             (bf16, 128, 2048, 768, 8, 4096, true), // Qwen3: 32 bf16 steps
             (fp8, 128, 2048, 768, 8, 4096, true),  // 16 fp8 steps
         ];
-        for (format, experts, h, i, topk, m, want) in cases {
+        for (format, experts, h, i, _topk, m, want) in cases {
             let l = model_launch(format, experts, h, i, m);
             let spec = KernelSpec::for_launch(&l, Family::Wgmma);
             let spec = wgmma_shape(spec, None);
@@ -1299,17 +1297,13 @@ mod tests {
                 spec.wgmma_ws,
                 "{format:?} H={h}: the warp-specialised kernel"
             );
-            assert_eq!(
-                persistent_grid(&spec, &l, m, topk),
-                want,
-                "{format:?} H={h} M={m}"
-            );
+            assert_eq!(persistent_grid(&spec, &l), want, "{format:?} H={h} M={m}");
             // the other kernels of the family are never persistent
             let plain = KernelSpec {
                 wgmma_ws: false,
                 ..spec
             };
-            assert!(!persistent_grid(&plain, &l, m, topk));
+            assert!(!persistent_grid(&plain, &l));
         }
     }
 

@@ -640,7 +640,7 @@ impl GpuBackend {
         let threads = spec.gemm_threads();
         // A persistent GEMM walks every (tile, column block) from one block per SM; its kernel
         // also runs from one block per work item (w = blockIdx.x). Decided once per launch.
-        let walk = heuristics::persistent_grid(&spec, l, plan.m, plan.topk);
+        let walk = heuristics::persistent_grid(&spec, l);
         let persistent = |grid: (u32, u32)| match (spec.persistent(), walk) {
             (false, _) => grid,
             (true, true) => ((grid.0 * grid.1).min(self.compute_units), 1),
