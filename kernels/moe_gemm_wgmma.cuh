@@ -1167,6 +1167,21 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 #endif
 }
 
+// The warp-specialised kernels' ring barriers (thread 0 initialises them), then the block's
+// barrier that makes them visible.
+__device__ __forceinline__ void wg_ring_init(int tid, u32 full0, u32 empty0) {
+  if (tid == 0) {
+    for (int s = 0; s < WG_STAGES; ++s) {
+      mbar_init(full0 + 8 * s, WG_FULL_ARRIVALS);
+      mbar_init(empty0 + 8 * s, WG_EMPTY_ARRIVALS);
+    }
+#ifndef MP_HOST  // the emulator's mbarriers are visible once initialised
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+  }
+  __syncthreads();
+}
+
 // Work item w: its tile and first output column.
 template <bool GATED>
 __device__ __forceinline__ void wg_work(int w, int tiles, int nblk, int& tile, int& n0) {
@@ -1278,16 +1293,7 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
   }
   u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;
   u32 full0 = smem_addr(&s_full[0]), empty0 = smem_addr(&s_empty[0]);
-  if (tid == 0) {
-    for (int s = 0; s < WG_STAGES; ++s) {
-      mbar_init(full0 + 8 * s, WG_FULL_ARRIVALS);
-      mbar_init(empty0 + 8 * s, WG_EMPTY_ARRIVALS);
-    }
-#ifndef MP_HOST  // the emulator's mbarriers are visible once initialised
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-  }
-  __syncthreads();  // the last block-wide barrier: the roles never meet again
+  wg_ring_init(tid, full0, empty0);  // the last block-wide barrier: the roles never meet again
   int K = GATED ? p.H : p.I;
   int Nst = GATED ? 2 * p.Ip : p.Hp;
   i64 kbytes = (i64)K * WG_ESIZE;

@@ -205,16 +205,7 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
   if ((int)blockIdx.x >= work) return;  // every thread of the block, before any barrier
   u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;
   u32 full0 = smem_addr(&s_full[0]), empty0 = smem_addr(&s_empty[0]);
-  if (tid == 0) {
-    for (int s = 0; s < WG_STAGES; ++s) {
-      mbar_init(full0 + 8 * s, WG_FULL_ARRIVALS);
-      mbar_init(empty0 + 8 * s, WG_EMPTY_ARRIVALS);
-    }
-#ifndef MP_HOST  // the emulator's mbarriers are visible once initialised
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-  }
-  __syncthreads();  // the last block-wide barrier: the roles never meet again
+  wg_ring_init(tid, full0, empty0);  // the last block-wide barrier: the roles never meet again
   int K = GATED ? p.H : p.I;
   int kbytes = K * 2;
   int nk = (K + WGS_KSTEP - 1) / WGS_KSTEP;
