@@ -1,6 +1,6 @@
 """MXFP4 on the warp-specialised wgmma kernel (WG_MX4_WS, selected where one block per SM is
-asked: MOEPLUG_WGMMA_BLOCKS=1, read once per process, so each setting runs in a fresh
-process, `child`): the producer copies the packed codes and their scales, the consumers decode
+asked with the swap-AB kernel off: MOEPLUG_WGMMA_SWAP=0 MOEPLUG_WGMMA_BLOCKS=1, read once per
+process, so each setting runs in a fresh process, `child`): the producer copies the packed codes and their scales, the consumers decode
 them into bf16 weight tiles that both warpgroups multiply from; with MOEPLUG_WGMMA_DECODERS=2
 two more warpgroups share the decode. Each setting is checked against the CPU backend and
 float64, repeated for the same bits and replayed in a CUDA graph. Every kernel decodes the
@@ -9,7 +9,8 @@ bits, and those of the tile kernel with its packs by cp.async (MOEPLUG_WGMMA_PAC
 must equal the two-blocks-per-SM tile kernel's (the default). The swap-AB kernel
 (MOEPLUG_WGMMA_SWAP=1: the weights as the register operand, the tokens on the MMA's N) sums
 the same products in the same K slices with the operands' roles exchanged, so the tensor
-core's order within a slice may differ: it must match the tile kernel to fp32 rounding."""
+core's order within a slice may differ: on both tile heights (64 rows below 64 pairs per
+expert by default, 128 from 64) it must match the tile kernel to fp32 rounding."""
 
 import pytest
 
@@ -39,14 +40,17 @@ def child(path):
     torch.save(dict(outs=outs), path)
 
 
+# The shared-memory kernels need the swap-AB kernel (the default) turned off.
+SHARED = {"MOEPLUG_WGMMA_SWAP": "0", "MOEPLUG_WGMMA_BM": None}
 SETTINGS = {
-    "tile": {"MOEPLUG_WGMMA_BLOCKS": "2", "MOEPLUG_WGMMA_DECODERS": None,
+    "tile": {**SHARED, "MOEPLUG_WGMMA_BLOCKS": "2", "MOEPLUG_WGMMA_DECODERS": None,
              "MOEPLUG_WGMMA_PACK_COPIES": None},
-    "pack_copies": {"MOEPLUG_WGMMA_BLOCKS": "2", "MOEPLUG_WGMMA_PACK_COPIES": "1"},
-    "specialised": {"MOEPLUG_WGMMA_BLOCKS": "1", "MOEPLUG_WGMMA_DECODERS": None},
-    "decoders": {"MOEPLUG_WGMMA_BLOCKS": "1", "MOEPLUG_WGMMA_DECODERS": "2"},
-    "swap": {"MOEPLUG_WGMMA_SWAP": "1", "MOEPLUG_WGMMA_BLOCKS": None},
-    "swap128": {"MOEPLUG_WGMMA_SWAP": "1", "MOEPLUG_WGMMA_BM": "128",
+    "pack_copies": {**SHARED, "MOEPLUG_WGMMA_BLOCKS": "2", "MOEPLUG_WGMMA_PACK_COPIES": "1"},
+    "specialised": {**SHARED, "MOEPLUG_WGMMA_BLOCKS": "1", "MOEPLUG_WGMMA_DECODERS": None},
+    "decoders": {**SHARED, "MOEPLUG_WGMMA_BLOCKS": "1", "MOEPLUG_WGMMA_DECODERS": "2"},
+    "swap": {"MOEPLUG_WGMMA_SWAP": None, "MOEPLUG_WGMMA_BM": "64",
+             "MOEPLUG_WGMMA_BLOCKS": None},
+    "swap128": {"MOEPLUG_WGMMA_SWAP": None, "MOEPLUG_WGMMA_BM": "128",
                 "MOEPLUG_WGMMA_BLOCKS": None},
 }
 # Settings whose sums may differ from the tile kernel's in fp32 rounding (see above).

@@ -45,9 +45,10 @@ pub const WGMMA_MIN_PAIRS_PER_EXPERT_FP8_BLOCK: usize = 4;
 /// format), one block per SM, and 256 weight rows where the warp-specialised kernel takes them
 /// (16-bit operands: 5-10 % faster than 128 on Qwen3 and gpt-oss bf16 at M = 1024 / 4096,
 /// bench/NOTES.md session 11; 64-row tiles take them for every format), else 128. MXFP4 runs
-/// two blocks per SM of the shared-memory tile kernel; `MOEPLUG_WGMMA_BLOCKS=1` gives it the
-/// warp-specialised kernel (the consumers decode the packs the producer copies): 1.32x / 1.38x
-/// the tile kernel's time at gpt-oss M = 1024 / 4096 on the H100 (bench/NOTES.md, session 22).
+/// the swap-AB kernel; with `MOEPLUG_WGMMA_SWAP=0` two blocks per SM of the shared-memory tile
+/// kernel, and with `MOEPLUG_WGMMA_BLOCKS=1` too the warp-specialised kernel (the consumers
+/// decode the packs the producer copies): 1.32x / 1.38x the tile kernel's time at gpt-oss
+/// M = 1024 / 4096 on the H100 (bench/NOTES.md, session 22).
 static WGMMA_N_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_N"));
 static WGMMA_BM_PREFERENCE: Lazy<Option<TileRows>> = Lazy::new(|| {
     let v = std::env::var("MOEPLUG_WGMMA_BM").ok()?;
@@ -137,13 +138,15 @@ pub fn wgmma_ksplit(spec: &KernelSpec) -> bool {
     *WGMMA_KSPLIT_PREFERENCE && wgmma_spec_unsupported(90, &split).is_none()
 }
 
-/// `MOEPLUG_WGMMA_RS=0|1`: MXFP4 weights decoded into a shared-memory weight tile (the
-/// default) or fed as the register operand of wgmma (opt-in: measured 1-3.5 % slower on
-/// gpt-oss at M = 256-4096, and on 64-row tiles 10 % faster at M <= 1024 but 47 % slower at
-/// 4096, while the stream family stays ahead at M <= 1024; bench/NOTES.md session 12; on the
-/// H100 against today's tile kernel 1.54x / 1.46x its time at M = 1024 / 4096, session 22).
+/// `MOEPLUG_WGMMA_RS=0|1` (with `MOEPLUG_WGMMA_SWAP=0`): MXFP4 weights decoded into a
+/// shared-memory weight tile or fed as the register operand of wgmma on the cp.async tile
+/// kernel (opt-in: measured 1-3.5 % slower on gpt-oss at M = 256-4096, and on 64-row tiles
+/// 10 % faster at M <= 1024 but 47 % slower at 4096, while the stream family stays ahead at
+/// M <= 1024; bench/NOTES.md session 12; on the H100 against today's tile kernel 1.54x /
+/// 1.46x its time at M = 1024 / 4096, session 22).
 static WGMMA_RS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_RS"));
-/// `MOEPLUG_WGMMA_DECODERS=2`: MXFP4's warp-specialised kernel (`MOEPLUG_WGMMA_BLOCKS=1`) with
+/// `MOEPLUG_WGMMA_DECODERS=2`: MXFP4's warp-specialised kernel (`MOEPLUG_WGMMA_SWAP=0
+/// MOEPLUG_WGMMA_BLOCKS=1`) with
 /// two warpgroups that only decode beside the two that multiply ([`KernelSpec::wgmma_decoders`]),
 /// an opt-in: 1.35x / 1.36x the tile kernel's time at gpt-oss M = 1024 / 4096 on the H100, no
 /// better than without them (bench/NOTES.md, session 22).
