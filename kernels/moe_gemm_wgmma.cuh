@@ -107,6 +107,14 @@
 #if WG_PACK_COPIES && !(WG_MX4 && !WG_WS && !WG_RS)
 #error "WG_PACK_COPIES: the MXFP4 tile kernel only"
 #endif
+// WG_BULK_PACKS (the swap-AB kernel on AITER 16 x 16 weights; an opt-in until measured): the
+// producer copies each 16-row group's packs of a step with one bulk copy, not 64 cp.async.
+#ifndef WG_BULK_PACKS
+#define WG_BULK_PACKS 0
+#endif
+#if WG_BULK_PACKS && !(WG_RS && WG_WS && WLAYOUT == WL_AITER_16X16)
+#error "WG_BULK_PACKS: the swap-AB kernel on AITER 16x16 weights only"
+#endif
 #define WG_MX_AHEAD 2
 #define WG_MX_SLOTS (WG_PACK_COPIES ? WG_MX_AHEAD + 1 : 0)
 #define WG_MX_SLOT_BYTES (THREADS * 20)
@@ -237,6 +245,29 @@ __device__ __forceinline__ void mbar_expect_bytes(u32 bar, u32 bytes) {
 #else
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                : "memory");
+#endif
+}
+// Adds `bytes` to the current phase's transaction count without arriving (the issuing thread
+// arrives later): the bulk copies it then starts complete them.
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+#ifdef MP_HOST
+  emu_mbar_expect_tx_only(bar, bytes);
+#else
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory,
+// completing on the barrier `bar` (cp.async.bulk, no tensor map).
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+#ifdef MP_HOST
+  emu_bulk_copy(dst, src, bytes, bar);
+#else
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
 #endif
 }
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {

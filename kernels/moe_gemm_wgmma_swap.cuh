@@ -47,6 +47,13 @@ static_assert(128 * WGS_PRODUCER_REGS + 256 * WGS_CONSUMER_REGS <= 384 * 168, "s
 static_assert(WG_STAGE_BYTES == 2 * WGS_A_HALF + WGS_PACKS + WGS_SCALES, "stage layout");
 static_assert(WG_B_ROWS == WGS_ROWS, "block rows");
 
+// Byte offset of block row b's chunk j in a stage's pack area: [16-row group][chunk][row], so
+// that a 16-row group's step is one 1 KiB run (as in AITER's 16 x 16 layout: WG_BULK_PACKS
+// copies it whole) and a warp's 8 rows of one chunk are 128 contiguous bytes.
+__device__ __forceinline__ u32 wgs_pack_at(int b, int j) {
+  return (u32)((b >> 4) * 1024 + j * 256 + (b & 15) * 16);
+}
+
 // Output column (and whether it exists) and physical weight row of block row b.
 template <bool GATED>
 __device__ __forceinline__ int wgs_row(const Params& p, int n0, int b, bool& ok) {
@@ -63,6 +70,10 @@ __device__ __forceinline__ int wgs_row(const Params& p, int n0, int b, bool& ok)
 // Producer thread t's share of a step's packs and scales: block rows t and t + 128, their
 // four 16-byte packs (codes 128 ks .. 128 ks + 127) by cp.async, zeros for a row past N or
 // codes past K, and their scale words (127, a scale of 1, where the codes are zeros).
+// WG_BULK_PACKS (AITER 16 x 16 weights): thread t < 16 instead copies 16-row group t's step,
+// one run of up to 1 KiB, by a bulk copy that completes on the stage's barrier; a group past
+// N is not copied (its rows' outputs are never stored), nor are chunks past the row's end
+// (their codes meet zero activations and scales of 1).
 template <bool GATED>
 struct WgsPackCopies {
   const u8* src[2];   // the row's first pack (the expert's first byte for a row past N)
@@ -70,6 +81,10 @@ struct WgsPackCopies {
   bool ok[2];
   int K;
   u32 ahead[WGS_SCALE_AHEAD][2][4];  // the scale bytes of the next steps, in flight
+#if WG_BULK_PACKS
+  const u8* group;  // thread t < 16: group t's first chunk, null past N
+  int chunks;       // the chunks of a row (its stored K / 32)
+#endif
   __device__ WgsPackCopies(const Params& p, int e, int n0, int K_, int t) : K(K_) {
     int Kst = GATED ? p.Hp : p.Ip, Nst = GATED ? 2 * p.Ip : p.Hp;
     i64 wrow_bytes = (i64)Kst / 2;
@@ -81,6 +96,12 @@ struct WgsPackCopies {
       src[h] = W + (ok[h] ? wg_row_chunk0(R, wrow_bytes) : 0);
       srow[h] = S + (ok[h] ? mx_scale_row_part(e, R, Nst, Kst >> 5) : 0);
     }
+#if WG_BULK_PACKS
+    bool gok;
+    int R0 = wgs_row<GATED>(p, n0, 16 * (t & 15), gok);  // a group's rows are consecutive
+    group = gok ? W + wg_row_chunk0(R0, wrow_bytes) : nullptr;
+    chunks = Kst >> 5;
+#endif
 #pragma unroll
     for (int i = 0; i < WGS_SCALE_AHEAD; ++i) load_scales(i, ahead[i]);
   }
@@ -93,16 +114,29 @@ struct WgsPackCopies {
         sc[h][j] = ok[h] && kc * 32 < K ? (u32)srow[h][mx_scale_col_part(kc)] : 127u;
       }
   }
-  __device__ __forceinline__ void copy(u32 sp, u32 ss, int ks, int t) {
+  __device__ __forceinline__ void copy(u32 sp, u32 ss, int ks, int t, u32 bar) {
+#if WG_BULK_PACKS
+    (void)bar;
+    if (t < 16 && group) {
+      int n = min(4, chunks - 4 * ks);
+      if (n > 0) {
+        mbar_expect_tx(bar, (u32)n * 256u);
+        bulk_copy(sp + (u32)(t * 1024), group + (i64)ks * 4 * WG_CHUNK_STRIDE, (u32)n * 256u,
+                  bar);
+      }
+    }
+#endif
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+#if !WG_BULK_PACKS
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         int kc = 4 * ks + j;
         bool zero = !ok[h] || kc * 32 >= K;
-        cp_async16_or_zero(sp + (u32)(j * WGS_ROWS * 16 + (t + 128 * h) * 16),
+        cp_async16_or_zero(sp + wgs_pack_at(t + 128 * h, j),
                            src[h] + (zero ? 0 : (i64)kc * WG_CHUNK_STRIDE), zero);
       }
+#endif
       const u32* b = ahead[0][h];
       st_shared_u32(ss + 4 * (t + 128 * h), b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24);
     }
@@ -116,13 +150,13 @@ struct WgsPackCopies {
   }
 };
 
-// The packs of one 32-code group of a thread's four rows ([m][h][word]): at `sp` (chunk grp's
-// column of the stage, plus the thread's row 16 w + gid), m adds 64 rows, h 8.
+// The packs of one 32-code group of a thread's four rows ([m][h][word]): at `sp` (the
+// thread's row 16 w + gid, chunk grp, wgs_pack_at), m adds 64 rows, h 8.
 __device__ __forceinline__ void wgs_load_group(u32 sp, u32 (&pk)[2][2][4]) {
 #pragma unroll
   for (int m = 0; m < 2; ++m)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) ld_shared_words(sp + (u32)((64 * m + 8 * h) * 16), pk[m][h]);
+    for (int h = 0; h < 2; ++h) ld_shared_words(sp + wgs_pack_at(64 * m + 8 * h, 0), pk[m][h]);
 }
 
 // Those packs into the A fragments of the group's two K slices ([m][slice][register],
@@ -174,7 +208,7 @@ __device__ __forceinline__ void wgs_step(u32 sa, u32 sp, const u32 (&sc)[2][2], 
 #pragma unroll
   for (int grp = 0; grp < 4; ++grp) {
     u32(&f)[2][2][4] = fr[grp & 1];
-    if (grp + 1 < 4) wgs_load_group(sp + (u32)((grp + 1) * WGS_ROWS * 16), pk[(grp + 1) & 1]);
+    if (grp + 1 < 4) wgs_load_group(sp + wgs_pack_at(0, grp + 1), pk[(grp + 1) & 1]);
     wgs_decode_group<TWICE>(pk[grp & 1], sc, grp, tig, f);
     wgmma_fence();  // the fragments were just written
 #pragma unroll
@@ -228,7 +262,7 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
         int st = it % WG_STAGES;
         mbar_wait(empty0 + 8 * st, ((it / WG_STAGES) & 1) ^ 1);  // first pass: free
         u32 sa = base + (u32)st * WG_STAGE_BYTES, bar = full0 + 8 * st;
-        packs.copy(sa + 2 * WGS_A_HALF, sa + 2 * WGS_A_HALF + WGS_PACKS, ks, tid);
+        packs.copy(sa + 2 * WGS_A_HALF, sa + 2 * WGS_A_HALF + WGS_PACKS, ks, tid, bar);
         acts.copy(sa, 2 * ks, kbytes, tid);
         acts.copy(sa + WGS_A_HALF, 2 * ks + 1, kbytes, tid);
         cp_async_arrive(bar);
@@ -281,7 +315,7 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
       for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) big |= mx_any_scale_above_128(sc[m][h]);
-      u32 spr = sp + (u32)(brow * 16);
+      u32 spr = sp + wgs_pack_at(brow, 0);
       if (__any_sync(0xffffffffu, big))
         wgs_step<true>(sa, spr, sc, tig, fr, acc);
       else

@@ -296,6 +296,12 @@ static inline void emu_mbar_expect_tx(unsigned bar, unsigned bytes) {
   emu_mbar_arrive_locked(m, bar);
 }
 
+// mbarrier.expect_tx (no arrival): the transaction count grows, the arrivals do not.
+static inline void emu_mbar_expect_tx_only(unsigned bar, unsigned bytes) {
+  std::lock_guard<std::mutex> lock(emu_mbar_mu);
+  emu_mbar(bar).tx += bytes;
+}
+
 // cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
 //   [dst], [map, {c0..c4}], [bar]
 static inline void emu_tma_load_5d(unsigned dst, const u64* map, int c0, int c1, int c2, int c3,
@@ -304,6 +310,19 @@ static inline void emu_tma_load_5d(unsigned dst, const u64* map, int c0, int c1,
   if (dst % 128) emu_fail("TMA: shared destination not 128-byte aligned", dst);
   EmuTma t{dst, {}, {c0, c1, c2, c3, c4}};
   memcpy(t.map, map, sizeof t.map);
+  std::lock_guard<std::mutex> lock(emu_mbar_mu);
+  emu_mbar(bar).tma.push_back(t);
+}
+// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], bytes, [bar]:
+// a one-dimensional TMA copy (a map of one row of `bytes`), carried out as those are.
+static inline void emu_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  if (bytes % 16 || (uintptr_t)src % 16 || dst % 16)
+    emu_fail("bulk copy: size or an address not a multiple of 16", bytes);
+  EmuTma t{dst, {}, {0, 0, 0, 0, 0}};
+  t.map[0] = (u64)(uintptr_t)src;
+  for (int i = 0; i < 5; ++i) t.map[1 + i] = i ? 1 : bytes, t.map[10 + i] = i ? 1 : bytes;
+  for (int i = 0; i < 4; ++i) t.map[6 + i] = 16 * (u64)bytes;
+  t.map[15] = EMU_TMA_MAGIC;
   std::lock_guard<std::mutex> lock(emu_mbar_mu);
   emu_mbar(bar).tma.push_back(t);
 }

@@ -52,9 +52,12 @@ SETTINGS = {
              "MOEPLUG_WGMMA_BLOCKS": None},
     "swap128": {"MOEPLUG_WGMMA_SWAP": None, "MOEPLUG_WGMMA_BM": "128",
                 "MOEPLUG_WGMMA_BLOCKS": None},
+    # its packs by bulk copies (the tests' weights are AITER 16x16)
+    "swap_bulk": {"MOEPLUG_WGMMA_SWAP": None, "MOEPLUG_WGMMA_BM": "64",
+                  "MOEPLUG_WGMMA_BLOCKS": None, "MOEPLUG_WGMMA_BULK_PACKS": "1"},
 }
 # Settings whose sums may differ from the tile kernel's in fp32 rounding (see above).
-REORDERED = {"swap", "swap128"}
+REORDERED = {"swap", "swap128", "swap_bulk"}
 
 
 def test_warp_specialised_mxfp4_matches_the_cpu_backend_and_the_tile_kernel(tmp_path):

@@ -78,6 +78,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 wgmma_ksplit: false, // the K-split variant below
                                 wgmma_decoders: 0, // the decoding warpgroups below
                                 wgmma_pack_copies: false, // the MXFP4 pack copies below
+                                wgmma_bulk_packs: false, // the swap-AB bulk copies below
                                 // the default where the family has it (heuristics)
                                 fused_combine: family.fuses_combine(),
                                 fused_quant2: false, // MOEPLUG_FUSED_QUANT2=0; the default below
@@ -301,7 +302,14 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                             ..spec.clone()
                                         })
                                         .filter(&keep);
+                                    // and its packs by bulk copies (an opt-in,
+                                    // MOEPLUG_WGMMA_BULK_PACKS=1) where it takes them
+                                    let bulk = swap.clone().map(|s| KernelSpec {
+                                        wgmma_bulk_packs: true,
+                                        ..s
+                                    });
                                     out.extend(swap);
+                                    out.extend(bulk.filter(&keep));
                                 }
                                 // MOEPLUG_STREAM_PREFETCH (opt-in) on the other stream
                                 // configurations, rotated: one step with K split 2 (the host

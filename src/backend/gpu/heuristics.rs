@@ -159,6 +159,12 @@ static WGMMA_DECODERS_PREFERENCE: Lazy<Option<u32>> =
 /// kernel's time, on the tile heights of [`default_tile_rows`].
 static WGMMA_SWAP_PREFERENCE: Lazy<bool> =
     Lazy::new(|| std::env::var("MOEPLUG_WGMMA_SWAP").map_or(true, |v| v.trim() != "0"));
+/// `MOEPLUG_WGMMA_BULK_PACKS=1`: the swap-AB kernel's producer copies each 16-row group's
+/// packs of a step with one bulk copy ([`KernelSpec::wgmma_bulk_packs`], AITER 16x16 weights);
+/// an opt-in until measured (built in session 24 to take ~90 of the producer's ~270
+/// instructions per step, which share each scheduler with the consumers).
+static WGMMA_BULK_PACKS_PREFERENCE: Lazy<bool> =
+    Lazy::new(|| std::env::var("MOEPLUG_WGMMA_BULK_PACKS").is_ok_and(|v| v.trim() == "1"));
 /// `MOEPLUG_WGMMA_PACK_COPIES=1`: the MXFP4 tile kernel copies each thread's pack and scale
 /// word two steps ahead by cp.async ([`KernelSpec::wgmma_pack_copies`]); an opt-in until
 /// measured (built after call 27's ncu had the step waiting on global memory, session 22).
@@ -561,6 +567,12 @@ pub fn wgmma_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str
     if spec.wgmma_pack_copies && (!mxfp4 || spec.wgmma_ws || spec.wgmma_rs) {
         return Some("pack copies: the MXFP4 tile kernel only");
     }
+    // A 16-row group's step is one run of bytes in AITER's 16 x 16 layout only.
+    if spec.wgmma_bulk_packs
+        && (!spec.wgmma_swap() || spec.weight_layout != WeightLayout::Aiter16x16)
+    {
+        return Some("bulk pack copies: the swap-AB kernel on AITER 16x16 weights only");
+    }
     // Stage 1's fused quantization needs a block's 128 output columns (one 1x128 group).
     if spec.wgmma_ksplit
         && (!spec.wgmma_ws || (spec.wgmma_bm, spec.wgmma_n) != (64, 128) || spec.fused_quant2)
@@ -767,7 +779,7 @@ fn default_tile_rows(format: WeightFormat) -> TileRows {
 /// MXFP4 weights as the register operand where asked) is taken only where the family covers
 /// the result.
 fn wgmma_shape(mut spec: KernelSpec, rows: Option<u32>) -> KernelSpec {
-    let steps: [&dyn Fn(&mut KernelSpec); 8] = [
+    let steps: [&dyn Fn(&mut KernelSpec); 9] = [
         &|s| {
             s.wgmma_n = WGMMA_N_PREFERENCE.unwrap_or(s.wgmma_n);
             s.wgmma_bm = rows.unwrap_or(s.wgmma_bm);
@@ -806,6 +818,7 @@ fn wgmma_shape(mut spec: KernelSpec, rows: Option<u32>) -> KernelSpec {
         },
         &|s| s.wgmma_decoders = WGMMA_DECODERS_PREFERENCE.unwrap_or(0),
         &|s| s.wgmma_pack_copies = *WGMMA_PACK_COPIES_PREFERENCE,
+        &|s| s.wgmma_bulk_packs = *WGMMA_BULK_PACKS_PREFERENCE,
     ];
     for step in steps {
         let mut next = spec.clone();

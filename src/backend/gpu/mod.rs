@@ -832,6 +832,7 @@ fn default_spec() -> spec::KernelSpec {
         wgmma_ksplit: false,
         wgmma_decoders: 0,
         wgmma_pack_copies: false,
+        wgmma_bulk_packs: false,
         fused_combine: false,
         fused_quant2: false,
         route_quant1: false,

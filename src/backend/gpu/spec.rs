@@ -258,6 +258,10 @@ pub struct KernelSpec {
     /// steps ahead into slots after the ring, instead of into registers one step ahead
     /// (`WG_PACK_COPIES`; an opt-in until measured: `MOEPLUG_WGMMA_PACK_COPIES=1`).
     pub wgmma_pack_copies: bool,
+    /// Wgmma family, the swap-AB kernel on AITER 16x16 weights: the producer copies each
+    /// 16-row group's packs of a step with one bulk copy (`WG_BULK_PACKS`; an opt-in until
+    /// measured: `MOEPLUG_WGMMA_BULK_PACKS=1`).
+    pub wgmma_bulk_packs: bool,
     /// The top-k combine runs at the end of stage 2 instead of as `moe_reduce`
     /// (`FUSED_COMBINE`; [`Family::fuses_combine`] families on CUDA only).
     pub fused_combine: bool,
@@ -308,6 +312,7 @@ impl KernelSpec {
             wgmma_ksplit: false,
             wgmma_decoders: 0,
             wgmma_pack_copies: false,
+            wgmma_bulk_packs: false,
             fused_combine: false,
             fused_quant2: false,
             route_quant1: false,
@@ -602,6 +607,7 @@ impl KernelSpec {
             d.push(format!("WG_KSPLIT={}", b(self.wgmma_ksplit)));
             d.push(format!("WG_DECODERS={}", self.wgmma_decoders));
             d.push(format!("WG_PACK_COPIES={}", b(self.wgmma_pack_copies)));
+            d.push(format!("WG_BULK_PACKS={}", b(self.wgmma_bulk_packs)));
             d.push(format!("FUSED_QUANT2={}", b(self.fused_quant2)));
         }
         d
