@@ -18,14 +18,17 @@
 // MMA row r of m64 m of warpgroup g, r = 16 w + gid + 8 h for warp w's lane (gid, tig).
 //
 // A ring stage: the activation tile as two 64-K halves (BM rows x 128 bytes, 128-byte
-// swizzle, the B operand), the step's packs as [16-byte chunk j][block row] (a warp's 8 rows
-// of one chunk are 128 contiguous bytes: its LDS.128 is one wavefront, each quad's lanes read
-// the same pack and keep byte tig of each word, wg_rs_codes), then a 32-bit word per block row
+// swizzle, the B operand), the step's packs (wgs_pack_at: a warp's 8 rows of one chunk are 128
+// contiguous bytes, its LDS.128 one wavefront; each quad's lanes read the same pack and keep
+// byte tig of each word, wg_rs_codes), then a 32-bit word per block row
 // whose byte j is chunk j's e8m0 scale (the producer loads them WGS_SCALE_AHEAD steps early,
 // byte by byte in any scale layout, and stores the word).
 // Per consumer step: 4 LDS.32 (scales), then per 32-code group 4 LDS.128, 4 words decoded
 // into 16 fragment registers, 4 wgmma (2 m64 x 2 k16); two fragment sets alternate, a group's
 // MMAs in flight while the next group decodes (wgmma_wait<1> before a set is rewritten).
+// Measured (H100, bench/NOTES.md session 24): 0.77x the tile kernel's time at gpt-oss
+// M = 1024 on 64-row tiles, 0.98-0.99x at 2048-4096 on 128-row tiles; decode and MMA add
+// rather than overlap there (~2700 / ~4000 cycles a step), not yet explained.
 #pragma once
 #if !WG_MX4 || WG_N != BM || WG_TMA || WG_DECODERS || WG_KSPLIT || FUSED_QUANT2
 #error "WG_SWAP: MXFP4, N the tile's rows, no TMA / decoders / K split / fused quantization"
