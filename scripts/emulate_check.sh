@@ -23,7 +23,8 @@
 #         and threads of the host's spec; and of wgmma (sm_90, TMA and warp specialisation
 #         off in every selectable block shape, and as listed where it has TMA) the first of
 #         every (tile rows, WG_N, weight format, act dtype, fp16 activations, blocks per SM,
-#         WG_TMA, WG_WS, WG_GROUP, WG_RS, WG_KSPLIT), with the spec's dynamic shared memory and tensor-map geometry.
+#         WG_TMA, WG_WS, WG_GROUP, WG_RS, WG_KSPLIT, WG_DECODERS, WG_PACK_COPIES, WG_BULK_PACKS),
+#         with the spec's dynamic shared memory and tensor-map geometry.
 # Prints one line per configuration; exits 1 on any failure.
 #
 # usage: scripts/emulate_check.sh hip [ARCH...]      (default gfx942 gfx950)
@@ -166,9 +167,10 @@ select_cuda() {
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
     # wgmma: and its weight rows per MMA, blocks per SM, TMA, warp specialisation, work
-    # order, register-operand weights, K split, decoding warpgroups and pack copies (absent
-    # from the other families).
-    for d in WG_N WG_MIN_BLOCKS WG_TMA WG_WS WG_GROUP WG_RS WG_KSPLIT WG_DECODERS WG_PACK_COPIES; do
+    # order, register-operand weights, K split, decoding warpgroups, pack copies and bulk
+    # pack copies (absent from the other families).
+    for d in WG_N WG_MIN_BLOCKS WG_TMA WG_WS WG_GROUP WG_RS WG_KSPLIT WG_DECODERS WG_PACK_COPIES \
+      WG_BULK_PACKS; do
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
     [ -z "${seen[$key]+x}" ] || continue
