@@ -7,10 +7,7 @@
 #     decode too, A/B-measured in calls 31 / 36 but not yet in a kit);
 #  3. A/B: bulk pack copies (MOEPLUG_WGMMA_BULK_PACKS=1; SASS: the producer's step 273 -> 223
 #     instructions) at gpt-oss MXFP4 M = 1024, 2048, 4096;
-#  4. where the swap-AB kernel's warps stall, per SASS instruction (stage 1, M = 1024 and 4096):
-#     to test session 24's guess that a register-operand wgmma holds its warp until the tensor
-#     core takes the fragment (decode and MMA add: ~2700 cycles a step on 64-row tiles, ~4000
-#     on 128).
+# Then bench/dev_call39.sh (the sanitizers and where the swap-AB kernel stalls).
 source "$(dirname "$0")/dev_common.sh"
 SUITE_ARGS="-k mxfp4_ws" SUITE_JOBS=1 SUITE_TIMEOUT=200 bash bench/device_check.sh suite 2>&1 | grep -E '^suite|process|FAILED|Error|assert' | head -20 | tee -a "$sum"
 tail -2 "$OUT"/suite*.log | tee -a "$sum"; rm -f "$OUT"/suite*
@@ -19,8 +16,3 @@ KIT_TIMEOUT=170 kit_summary
 OUT=/tmp/ab1 ROUNDS=2 AB_TIMEOUT=90 bash bench/ab.sh "" "MOEPLUG_WGMMA_BULK_PACKS=1" \
   -- --cases gptoss_mxfp4 --ms 1024,2048,4096 2>&1 | tail -5 | tee -a "$sum"
 stamp ab_bulk | tee -a "$sum"
-for m in 1024 4096; do
-  NCU_KERNEL=moe_stage1 TOP=60 bash bench/ncu_source.sh gpt-oss-120b:mxfp4:$m 2>&1 | tail -3 | tee -a "$sum"
-  mv "$OUT/ncu_source.txt" "$OUT/ncu_source_$m.txt"
-done
-stamp ncu_source | tee -a "$sum"
