@@ -6,7 +6,7 @@
 #  2. the kit on the final commit (the swap-AB default; a block per item for 40+ K steps at
 #     decode too, A/B-measured in calls 31 / 36 but not yet in a kit);
 #  3. A/B: bulk pack copies (MOEPLUG_WGMMA_BULK_PACKS=1; SASS: the producer's step 273 -> 223
-#     instructions) at gpt-oss MXFP4 M = 1024, 2048, 4096;
+#     instructions) at gpt-oss MXFP4 M = 1024, 2048, 4096.
 # Then bench/dev_call39.sh (the sanitizers and where the swap-AB kernel stalls).
 source "$(dirname "$0")/dev_common.sh"
 SUITE_ARGS="-k mxfp4_ws" SUITE_JOBS=1 SUITE_TIMEOUT=200 bash bench/device_check.sh suite 2>&1 | grep -E '^suite|process|FAILED|Error|assert' | head -20 | tee -a "$sum"
