@@ -284,7 +284,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                         .filter(&keep);
                                     out.extend(register_weights);
                                 }
-                                // MXFP4 on the swap-AB kernel (an opt-in, MOEPLUG_WGMMA_SWAP=1)
+                                // MXFP4 on the swap-AB kernel (the default, MOEPLUG_WGMMA_SWAP)
                                 // on 64-row tiles, and on 128 for every other configuration:
                                 // those variants of every configuration it takes.
                                 for rows in [64, 128] {

@@ -461,15 +461,16 @@ impl KernelSpec {
     }
 
     /// Wgmma family: stages of its cp.async ring, as many as the SM's 227 KiB of shared
-    /// memory holds for `wgmma_blocks` blocks (at most 5; 6 warp-specialised; 8 with register
-    /// weights, whose 16 KiB stages are the only copies in flight; an even count where the
-    /// warpgroups split K, each owning every other stage).
+    /// memory holds for `wgmma_blocks` blocks (at most 5; 6 warp-specialised, the swap-AB
+    /// kernel included; 8 for the cp.async kernel with register weights, whose 16 KiB stages
+    /// are the only copies in flight; an even count where the warpgroups split K, each owning
+    /// every other stage).
     fn wgmma_stages(&self) -> usize {
         let per_block = 227 * 1024 / self.wgmma_blocks.max(1) as usize
             - 1024
             - self.wgmma_ksplit_bytes()
             - self.wgmma_after_ring_bytes();
-        let most = if self.wgmma_rs {
+        let most = if self.wgmma_rs && !self.wgmma_ws {
             8
         } else if self.wgmma_ws {
             6
