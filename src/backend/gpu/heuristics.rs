@@ -146,10 +146,10 @@ pub fn wgmma_ksplit(spec: &KernelSpec) -> bool {
 /// 1.46x its time at M = 1024 / 4096, session 22).
 static WGMMA_RS_PREFERENCE: Lazy<Option<u32>> = Lazy::new(|| env_choice("MOEPLUG_WGMMA_RS"));
 /// `MOEPLUG_WGMMA_DECODERS=2`: MXFP4's warp-specialised kernel (`MOEPLUG_WGMMA_SWAP=0
-/// MOEPLUG_WGMMA_BLOCKS=1`) with
-/// two warpgroups that only decode beside the two that multiply ([`KernelSpec::wgmma_decoders`]),
-/// an opt-in: 1.35x / 1.36x the tile kernel's time at gpt-oss M = 1024 / 4096 on the H100, no
-/// better than without them (bench/NOTES.md, session 22).
+/// MOEPLUG_WGMMA_BLOCKS=1`) with two warpgroups that only decode beside the two that multiply
+/// ([`KernelSpec::wgmma_decoders`]), an opt-in: 1.35x / 1.36x the tile kernel's time at
+/// gpt-oss M = 1024 / 4096 on the H100, no better than without them (bench/NOTES.md, session
+/// 22).
 static WGMMA_DECODERS_PREFERENCE: Lazy<Option<u32>> =
     Lazy::new(|| env_choice("MOEPLUG_WGMMA_DECODERS"));
 /// `MOEPLUG_WGMMA_SWAP=0|1`: MXFP4 on the swap-AB kernel (register-operand weights on the
@@ -161,8 +161,8 @@ static WGMMA_SWAP_PREFERENCE: Lazy<bool> =
     Lazy::new(|| std::env::var("MOEPLUG_WGMMA_SWAP").map_or(true, |v| v.trim() != "0"));
 /// `MOEPLUG_WGMMA_BULK_PACKS=1`: the swap-AB kernel's producer copies each 16-row group's
 /// packs of a step with one bulk copy ([`KernelSpec::wgmma_bulk_packs`], AITER 16x16 weights);
-/// an opt-in until measured (built in session 24 to take ~90 of the producer's ~270
-/// instructions per step, which share each scheduler with the consumers).
+/// an opt-in until measured (session 24: the producer's step 273 -> 223 instructions in the
+/// SASS, and the producer shares each scheduler with two consumer warps).
 static WGMMA_BULK_PACKS_PREFERENCE: Lazy<bool> =
     Lazy::new(|| std::env::var("MOEPLUG_WGMMA_BULK_PACKS").is_ok_and(|v| v.trim() == "1"));
 /// `MOEPLUG_WGMMA_PACK_COPIES=1`: the MXFP4 tile kernel copies each thread's pack and scale
