@@ -34,10 +34,12 @@
 #error "WG_SWAP: MXFP4, N the tile's rows, no TMA / decoders / K split / fused quantization"
 #endif
 #define WGS_ACC (BM / 2)  // accumulators per thread and m64
-// 128-row tiles: each consumer thread holds 2 x 64 accumulators, more than the 168 registers
-// per thread that 384 threads get; the producer gives registers back and the consumers take
-// them (setmaxnreg), within the block's 384 x 168: 128 x 72 + 256 x 216.
-#define WGS_SETMAXNREG (BM == 128)
+// The consumers hold 2 x BM / 2 accumulators, two fragment sets and two groups' packs: on
+// 128-row tiles more than the 168 registers per thread that 384 threads get, on 64-row tiles
+// just more in some configurations (8 bytes spilled with RWOI). The producer gives registers
+// back and the consumers take them (setmaxnreg), within the block's 384 x 168: 128 x 72 +
+// 256 x 216.
+#define WGS_SETMAXNREG 1
 #define WGS_PRODUCER_REGS 72
 #define WGS_CONSUMER_REGS 216
 static_assert(128 * WGS_PRODUCER_REGS + 256 * WGS_CONSUMER_REGS <= 384 * 168, "setmaxnreg");
