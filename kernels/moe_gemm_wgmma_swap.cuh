@@ -207,14 +207,18 @@ template <bool TWICE>
 __device__ __forceinline__ void wgs_step(u32 sa, u32 sp, const u32 (&sc)[2][2], int tig,
                                          u32 (&fr)[2][2][2][4], float (&acc)[2][WGS_ACC]) {
   // The next group's packs are loaded before this group's decode, so that their latency
-  // passes under it (the loads, asm volatile, keep their place among the MMAs' asm).
-  u32 pk[2][2][2][4];  // [buffer][m][h][word]
+  // passes under it (the loads, asm volatile, keep their place among the MMAs' asm). Not on
+  // 128-row tiles: the second buffer's 16 registers made ptxas serialize the MMAs (C7512).
+  constexpr int AHEAD = BM == 64;
+  u32 pk[1 + AHEAD][2][2][4];  // [buffer][m][h][word]
   wgs_load_group(sp, pk[0]);
 #pragma unroll
   for (int grp = 0; grp < 4; ++grp) {
     u32(&f)[2][2][4] = fr[grp & 1];
-    if (grp + 1 < 4) wgs_load_group(sp + wgs_pack_at(0, grp + 1), pk[(grp + 1) & 1]);
-    wgs_decode_group<TWICE>(pk[grp & 1], sc, grp, tig, f);
+    if (AHEAD && grp + 1 < 4)
+      wgs_load_group(sp + wgs_pack_at(0, grp + 1), pk[(grp + 1) & AHEAD]);
+    if (!AHEAD && grp > 0) wgs_load_group(sp + wgs_pack_at(0, grp), pk[0]);
+    wgs_decode_group<TWICE>(pk[grp & AHEAD], sc, grp, tig, f);
     wgmma_fence();  // the fragments were just written
 #pragma unroll
     for (int m = 0; m < 2; ++m)
