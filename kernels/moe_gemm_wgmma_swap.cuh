@@ -27,8 +27,9 @@
 // into 16 fragment registers, 4 wgmma (2 m64 x 2 k16); two fragment sets alternate, a group's
 // MMAs in flight while the next group decodes (wgmma_wait<1> before a set is rewritten).
 // Measured (H100, bench/NOTES.md session 24): 0.77x the tile kernel's time at gpt-oss
-// M = 1024 on 64-row tiles, 0.98-0.99x at 2048-4096 on 128-row tiles; decode and MMA add
-// rather than overlap there (~2700 / ~4000 cycles a step), not yet explained.
+// M = 1024 on 64-row tiles (~2700 cycles a step where decode and MMA could overlap to ~1500:
+// not yet explained); 0.98-0.99x at 2048-4096 on 128-row tiles, in a build whose MMAs ptxas
+// serialized for lack of registers (since fixed, not yet measured).
 #pragma once
 #if !WG_MX4 || WG_N != BM || WG_TMA || WG_DECODERS || WG_KSPLIT || FUSED_QUANT2
 #error "WG_SWAP: MXFP4, N the tile's rows, no TMA / decoders / K split / fused quantization"

@@ -762,8 +762,9 @@ fn wgmma_shape_for(
 /// - MXFP4 (the swap-AB kernel): 128 rows from 64 pairs per expert. Against the tile kernel
 ///   (H100, gpt-oss, bench/NOTES.md session 24), 64-row tiles took 0.76x / 0.77x / 1.06x /
 ///   1.16x its time at M = 512 / 1024 / 2048 / 4096 (16-128 pairs per expert), 128-row tiles
-///   1.01x / 1.02x / 0.98x / 0.99x: a 64-row tile decodes each weight once per 64 pairs. (The
-///   tile kernel, `MOEPLUG_WGMMA_SWAP=0`, fills 128-row tiles only.)
+///   1.01x / 1.02x / 0.98x / 0.99x (with their MMAs serialized by ptxas, since fixed): a
+///   64-row tile decodes each weight once per 64 pairs. (The tile kernel,
+///   `MOEPLUG_WGMMA_SWAP=0`, fills 128-row tiles only.)
 fn default_tile_rows(format: WeightFormat) -> TileRows {
     match format {
         WeightFormat::Fp8Block128 => TileRows::Fixed(64),
