@@ -1213,6 +1213,13 @@ __device__ __forceinline__ void wg_ring_init(int tid, u32 full0, u32 empty0) {
   __syncthreads();
 }
 
+// Column blocks of a stage (a work item is a sorted tile and one of them).
+template <bool GATED>
+__device__ __forceinline__ int wg_column_blocks(const Params& p) {
+  int cols = GATED ? WG_COLS1 : WG_COLS2;
+  return ((GATED ? p.I : p.H) + cols - 1) / cols;
+}
+
 // Work item w: its tile and first output column.
 template <bool GATED>
 __device__ __forceinline__ void wg_work(int w, int tiles, int nblk, int& tile, int& n0) {
@@ -1314,9 +1321,7 @@ __device__ void moe_gemm_wg_ws(const Params& p, const WgTmaMap* wmap) {
   extern __shared__ u8 wg_smem_raw[];
   __shared__ __align__(8) u64 s_full[WG_STAGES], s_empty[WG_STAGES];
   int tid = threadIdx.x;
-  int tiles = *(const int*)p.total_tiles;
-  int cols = GATED ? WG_COLS1 : WG_COLS2;
-  int nblk = ((GATED ? p.I : p.H) + cols - 1) / cols;
+  int tiles = *(const int*)p.total_tiles, nblk = wg_column_blocks<GATED>(p);
   int work = tiles * nblk;
   if ((int)blockIdx.x >= work) {  // every thread of the block, before any barrier
     if (EARLY) pdl_enter();

@@ -242,9 +242,7 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
   extern __shared__ u8 wg_smem_raw[];
   __shared__ __align__(8) u64 s_full[WG_STAGES], s_empty[WG_STAGES];
   int tid = threadIdx.x;
-  int tiles = *(const int*)p.total_tiles;
-  int cols = GATED ? WG_COLS1 : WG_COLS2;
-  int nblk = ((GATED ? p.I : p.H) + cols - 1) / cols;
+  int tiles = *(const int*)p.total_tiles, nblk = wg_column_blocks<GATED>(p);
   int work = tiles * nblk;
   if ((int)blockIdx.x >= work) return;  // every thread of the block, before any barrier
   u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;
