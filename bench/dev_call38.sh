@@ -9,9 +9,7 @@
 #     instructions) at gpt-oss MXFP4 M = 1024, 2048, 4096.
 # Then bench/dev_call39.sh (the sanitizers and where the swap-AB kernel stalls).
 source "$(dirname "$0")/dev_common.sh"
-SUITE_ARGS="-k mxfp4_ws" SUITE_JOBS=1 SUITE_TIMEOUT=200 bash bench/device_check.sh suite 2>&1 | grep -E '^suite|process|FAILED|Error|assert' | head -20 | tee -a "$sum"
-tail -2 "$OUT"/suite*.log | tee -a "$sum"; rm -f "$OUT"/suite*
-stamp mx4_tests | tee -a "$sum"
+mx4_ws_tests
 KIT_TIMEOUT=170 kit_summary
 OUT=/tmp/ab1 ROUNDS=2 AB_TIMEOUT=90 bash bench/ab.sh "" "MOEPLUG_WGMMA_BULK_PACKS=1" \
   -- --cases gptoss_mxfp4 --ms 1024,2048,4096 2>&1 | tail -5 | tee -a "$sum"

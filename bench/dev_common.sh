@@ -21,6 +21,15 @@ suite_summary() {
   for f in "$OUT"/suite_*.log; do grep -qE " in [0-9.]+s" "$f" && rm -f "$f"; done
   stamp suite | tee -a "$sum"
 }
+# The MXFP4 warp-specialised tests alone (test_wgmma_mxfp4_ws.py: every MXFP4 wgmma kernel
+# against the CPU backend and the tile kernel) into the summary.
+mx4_ws_tests() {
+  SUITE_ARGS="-k mxfp4_ws" SUITE_JOBS=1 SUITE_TIMEOUT=200 bash bench/device_check.sh suite 2>&1 \
+    | grep -E '^suite|process|FAILED|Error|assert' | head -20 | tee -a "$sum"
+  tail -2 "$OUT"/suite*.log | tee -a "$sum"
+  rm -f "$OUT"/suite*
+  stamp mx4_tests | tee -a "$sum"
+}
 # The kit with peers (KIT_TIMEOUT s, default 150): its summary table into the summary.
 kit_summary() {
   KIT_TIMEOUT=${KIT_TIMEOUT:-150} bash bench/device_check.sh kit 2>&1 | tail -34 | tee -a "$sum"
