@@ -190,12 +190,6 @@ __device__ __forceinline__ void wgs_decode_group(const u32 (&pk)[2][2][4], const
     }
 }
 
-// Whether a byte of x exceeds 128: bit 7 set and a low bit set (the low 7 bits plus 0x7F carry
-// into bit 7 exactly when one of them is set, never into the next byte).
-__device__ __forceinline__ bool mx_any_scale_above_128(u32 x) {
-  return (((x & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & x & 0x80808080u) != 0u;
-}
-
 // Descriptor of the tile's BM sorted rows, K slice s (0..7) of the step at sa.
 __device__ __forceinline__ u64 wgs_b_desc(u32 sa, int s) {
   return wg_a_desc(sa + (u32)((s >> 2) * WGS_A_HALF), s & 3);

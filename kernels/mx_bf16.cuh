@@ -53,6 +53,13 @@ __device__ __forceinline__ void mx_factors(u32 b, u32& f1, u32& f2) {
   f2 = h2 | h2 << 16;
 }
 
+// Whether one of the four e8m0 scales (bytes) of x exceeds 128, i.e. needs mx_factors' second
+// multiply: bit 7 set and a low bit set (the low 7 bits plus 0x7F carry into bit 7 exactly
+// when one of them is set, never into the next byte).
+__device__ __forceinline__ bool mx_any_scale_above_128(u32 x) {
+  return (((x & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & x & 0x80808080u) != 0u;
+}
+
 // mx_factors' f1 where b <= 128 (then f2 is 1), in one IMAD: ((b + 126) << 7) in both halves.
 __device__ __forceinline__ u32 mx_factor_small(u32 b) { return b * 0x00800080u + 0x3F003F00u; }
 
