@@ -35,18 +35,14 @@
 #error "WG_SWAP: MXFP4, N the tile's rows, no TMA / decoders / K split / fused quantization"
 #endif
 #define WGS_ACC (BM / 2)  // accumulators per thread and m64
-// The consumers hold 2 x BM / 2 accumulators, two fragment sets and a group's packs (and on
-// 64-row tiles the next group's): on 128-row tiles more than the 168 registers per thread
-// that 384 threads get, on 64-row tiles just more in some configurations (8 bytes spilled
-// with RWOI). The producer gives registers back and the consumers take them (setmaxnreg),
-// within the block's 384 x 168: 128 x 72 + 256 x 216, or, where the producer's bulk pack
-// copies leave it needing fewer (WG_BULK_PACKS), 128 x 56 + 256 x 224 on 128-row tiles, which
-// lets them load a group's packs before the previous group's wait (WGS_EARLY_PACKS; with
-// 216, ptxas serialized the MMAs, C7512, and the producer's per-row copies spill at 56).
+// The consumers hold 2 x BM / 2 accumulators, two fragment sets and two groups' packs: on
+// 128-row tiles more than the 168 registers per thread that 384 threads get, on 64-row tiles
+// just more in some configurations (8 bytes spilled with RWOI). The producer gives registers
+// back and the consumers take them (setmaxnreg), within the block's 384 x 168: 128 x 72 +
+// 256 x 216.
 #define WGS_SETMAXNREG 1
-#define WGS_EARLY_PACKS (BM == 128 && WG_BULK_PACKS)
-#define WGS_PRODUCER_REGS (WGS_EARLY_PACKS ? 56 : 72)
-#define WGS_CONSUMER_REGS (WGS_EARLY_PACKS ? 224 : 216)
+#define WGS_PRODUCER_REGS 72
+#define WGS_CONSUMER_REGS 216
 static_assert(128 * WGS_PRODUCER_REGS + 256 * WGS_CONSUMER_REGS <= 384 * 168, "setmaxnreg");
 #define WGS_ROWS 256                 // weight rows of a block
 #define WGS_A_HALF (BM * WG_ROW)     // one 64-K half of the activation tile
@@ -206,9 +202,8 @@ template <bool TWICE>
 __device__ __forceinline__ void wgs_step(u32 sa, u32 sp, const u32 (&sc)[2][2], int tig,
                                          u32 (&fr)[2][2][2][4], float (&acc)[2][WGS_ACC]) {
   // The next group's packs are loaded before this group's decode, so that their latency
-  // passes under it (the loads, asm volatile, keep their place among the MMAs' asm); on
-  // 128-row tiles, which have room for one buffer, right after the MMAs of the group before
-  // (WGS_EARLY_PACKS: under its wait) or else just before the decode.
+  // passes under it (the loads, asm volatile, keep their place among the MMAs' asm). Not on
+  // 128-row tiles: the second buffer's 16 registers made ptxas serialize the MMAs (C7512).
   constexpr int AHEAD = BM == 64;
   u32 pk[1 + AHEAD][2][2][4];  // [buffer][m][h][word]
   wgs_load_group(sp, pk[0]);
@@ -217,7 +212,7 @@ __device__ __forceinline__ void wgs_step(u32 sa, u32 sp, const u32 (&sc)[2][2], 
     u32(&f)[2][2][4] = fr[grp & 1];
     if (AHEAD && grp + 1 < 4)
       wgs_load_group(sp + wgs_pack_at(0, grp + 1), pk[(grp + 1) & AHEAD]);
-    if (!AHEAD && !WGS_EARLY_PACKS && grp > 0) wgs_load_group(sp + wgs_pack_at(0, grp), pk[0]);
+    if (!AHEAD && grp > 0) wgs_load_group(sp + wgs_pack_at(0, grp), pk[0]);
     wgs_decode_group<TWICE>(pk[grp & AHEAD], sc, grp, tig, f);
     wgmma_fence();  // the fragments were just written
 #pragma unroll
@@ -231,7 +226,6 @@ __device__ __forceinline__ void wgs_step(u32 sa, u32 sp, const u32 (&sc)[2][2], 
 #endif
       }
     wgmma_commit();
-    if (WGS_EARLY_PACKS && grp + 1 < 4) wgs_load_group(sp + wgs_pack_at(0, grp + 1), pk[0]);
     wgmma_wait<1>();  // group grp - 1 is done: its fragment set may be rewritten
   }
 }
