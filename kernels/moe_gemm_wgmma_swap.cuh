@@ -20,16 +20,17 @@
 // A ring stage: the activation tile as two 64-K halves (BM rows x 128 bytes, 128-byte
 // swizzle, the B operand), the step's packs (wgs_pack_at: a warp's 8 rows of one chunk are 128
 // contiguous bytes, its LDS.128 one wavefront; each quad's lanes read the same pack and keep
-// byte tig of each word, wg_rs_codes), then a 32-bit word per block row
+// byte tig of each word, two words per PRMT: mx_e2m1_bytes2), then a 32-bit word per block row
 // whose byte j is chunk j's e8m0 scale (the producer loads them WGS_SCALE_AHEAD steps early,
 // byte by byte in any scale layout, and stores the word).
 // Per consumer step: 4 LDS.32 (scales), then per 32-code group 4 LDS.128, 4 words decoded
 // into 16 fragment registers, 4 wgmma (2 m64 x 2 k16); two fragment sets alternate, a group's
 // MMAs in flight while the next group decodes (wgmma_wait<1> before a set is rewritten).
-// Measured (H100, bench/NOTES.md session 24): 0.77x the tile kernel's time at gpt-oss
-// M = 1024 on 64-row tiles (~2700 cycles a step where decode and MMA could overlap to ~1500:
-// not yet explained); 0.98-0.99x at 2048-4096 on 128-row tiles, in a build whose MMAs ptxas
-// serialized for lack of registers (since fixed, not yet measured).
+// Measured (bench/NOTES.md sessions 24-25): 0.77x the tile kernel's time at gpt-oss M = 1024
+// on 64-row tiles. Its step (~2700 cycles on 64 rows) is more than decode (~1500 issue
+// cycles) or MMA (1024) alone: with either ablated the launch takes 0.70-0.76x at M = 1024,
+// 0.64-0.80x at 4096. The integer pipe is the busiest (53 % of cycles at M = 1024, tensor
+// 37 %), so the decode is written for fewest integer-pipe instructions.
 #pragma once
 #if !WG_MX4 || WG_N != BM || WG_TMA || WG_DECODERS || WG_KSPLIT || FUSED_QUANT2
 #error "WG_SWAP: MXFP4, N the tile's rows, no TMA / decoders / K split / fused quantization"
@@ -175,14 +176,18 @@ __device__ __forceinline__ void wgs_decode_group(const u32 (&pk)[2][2][4], const
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const u32* v = pk[m][h];
-      u32 b = __byte_perm(sc[m][h], 0u, 0x4440u + (u32)grp);  // scale byte grp
       u32 f1, f2 = 0u;
-      if (TWICE)
-        mx_factors(b, f1, f2);
-      else
-        f1 = mx_factor_small(b);
+      if (TWICE) {  // scale byte grp
+        mx_factors(__byte_perm(sc[m][h], 0u, 0x4440u + (u32)grp), f1, f2);
+      } else {  // the pair is computed once for groups grp and grp ^ 2 (grp is unrolled)
+        u32 pair = grp & 1 ? mx_factor_small_pair<1>(sc[m][h]) : mx_factor_small_pair<0>(sc[m][h]);
+        f1 = grp >> 1 ? mx_half_dup<1>(pair) : mx_half_dup<0>(pair);
+      }
+      // byte tig of words 0 and 1 (slice 2 grp: k 2 tig.. and 2 tig + 8..), of 2 and 3 (+ 1)
+      const u32 sel = (u32)tig | (u32)(tig + 4) << 8;
       u32 o[4];
-      mx_e2m1_word(wg_rs_codes(make_uint4(v[0], v[1], v[2], v[3]), tig), f1, f2, TWICE, o);
+      mx_e2m1_bytes2(__byte_perm(v[0], v[1], sel), f1, f2, TWICE, o);
+      mx_e2m1_bytes2(__byte_perm(v[2], v[3], sel), f1, f2, TWICE, o + 2);
       fr[m][0][h] = o[0];      // codes 2 tig, 2 tig + 1 of slice 2 grp
       fr[m][0][2 + h] = o[1];  // + 8
       fr[m][1][h] = o[2];      // slice 2 grp + 1

@@ -15,10 +15,23 @@
 // instructions per two pairs instead of 8. Left shifts, so that ptxas can put them on the FMA
 // pipe (IMAD.SHL) beside the LOP3s; rotations, which would save the S = 1 shift, cannot go
 // there.
+// v >> N as the high word of v * 2^(32 - N): an IMAD.HI, on the FMA pipe, where a shift would
+// take the integer pipe that the decode's masks and permutes already fill.
+template <int N>
+__device__ __forceinline__ u32 mx_shr_fma(u32 v) {
+#ifdef MP_HOST
+  return v >> N;
+#else
+  u32 d;
+  asm("mul.hi.u32 %0, %1, %2;" : "=r"(d) : "r"(v), "n"(1u << (32 - N)));
+  return d;
+#endif
+}
+
 template <int S>
 __device__ __forceinline__ void mx_e2m1_pair2(u32 v, u32& lo, u32& hi) {
   constexpr u32 MAGS = 0x00770077u, PAIR = 0x81C081C0u;  // y's magnitude bits; a pair's bits
-  u32 mags = S ? v >> 8 : v, sgns = S ? v >> 2 : v << 6, y;
+  u32 mags = S ? mx_shr_fma<8>(v) : v, sgns = S ? mx_shr_fma<2>(v) : v << 6, y;
 #ifdef MP_HOST
   y = (mags & MAGS) | (sgns & ~MAGS);
 #else
@@ -63,6 +76,29 @@ __device__ __forceinline__ bool mx_any_scale_above_128(u32 x) {
 // mx_factors' f1 where b <= 128 (then f2 is 1), in one IMAD: ((b + 126) << 7) in both halves.
 __device__ __forceinline__ u32 mx_factor_small(u32 b) { return b * 0x00800080u + 0x3F003F00u; }
 
+// mx_factor_small of the scale bytes HI and HI + 2 of x, one per half (HI = 0: bytes 0 and 2),
+// for mx_half_dup: two multipliers from one IMAD, without a byte extract per scale.
+template <int HI>
+__device__ __forceinline__ u32 mx_factor_small_pair(u32 x) {
+  return ((HI ? x >> 8 : x) & 0x00FF00FFu) * 0x80u + 0x3F003F00u;
+}
+
+// Half H of x in both halves. Written as 16-bit moves so that ptxas folds it into the bf16
+// multiply that reads it (an .H0_H0 / .H1_H1 operand, SASS) rather than issue a PRMT.
+template <int H>
+__device__ __forceinline__ u32 mx_half_dup(u32 x) {
+#ifdef MP_HOST
+  return (H ? x >> 16 : x & 0xFFFFu) * 0x10001u;
+#else
+  u32 d;
+  if (H)
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {h, h}; }" : "=r"(d) : "r"(x));
+  else
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {l, l}; }" : "=r"(d) : "r"(x));
+  return d;
+#endif
+}
+
 // Codes 2 j, 2 j + 1 of the word `v` for j = 0..3 (natural K order, for operand tiles that are
 // read with the activations' order), decoded and scaled as above.
 __device__ __forceinline__ void mx_e2m1_word(u32 v, u32 f1, u32 f2, bool twice, u32 out[4]) {
@@ -75,6 +111,23 @@ __device__ __forceinline__ void mx_e2m1_word(u32 v, u32 f1, u32 f2, bool twice, 
   out[3] = __byte_perm(p26, p37, 0x7632);  // codes 6, 7
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
+    out[j] = mx_bf16x2_mul(out[j], f1);
+    if (twice) out[j] = mx_bf16x2_mul(out[j], f2);
+  }
+}
+
+// Two code pairs of two bytes: u holds byte X at byte 0 and byte Y at byte 2 (bytes 1 and 3 are
+// ignored). out[0] = X's codes (low nibble in the low half), out[1] = Y's, decoded and scaled
+// as above. Only mx_e2m1_pair2<0>'s left shifts: with the PRMT that places the two bytes, 6
+// integer-pipe instructions per two pairs against mx_e2m1_word's 7.5 plus its share of a
+// 4-byte gather (register-operand kernels, whose threads keep one byte of each pack word).
+__device__ __forceinline__ void mx_e2m1_bytes2(u32 u, u32 f1, u32 f2, bool twice, u32 out[2]) {
+  u32 lo, hi;  // [X low, Y low], [X high, Y high]
+  mx_e2m1_pair2<0>(u, lo, hi);
+  out[0] = __byte_perm(lo, hi, 0x5410);
+  out[1] = __byte_perm(lo, hi, 0x7632);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
     out[j] = mx_bf16x2_mul(out[j], f1);
     if (twice) out[j] = mx_bf16x2_mul(out[j], f2);
   }
