@@ -15,23 +15,10 @@
 // instructions per two pairs instead of 8. Left shifts, so that ptxas can put them on the FMA
 // pipe (IMAD.SHL) beside the LOP3s; rotations, which would save the S = 1 shift, cannot go
 // there.
-// v >> N as the high word of v * 2^(32 - N): an IMAD.HI, on the FMA pipe, where a shift would
-// take the integer pipe that the decode's masks and permutes already fill.
-template <int N>
-__device__ __forceinline__ u32 mx_shr_fma(u32 v) {
-#ifdef MP_HOST
-  return v >> N;
-#else
-  u32 d;
-  asm("mul.hi.u32 %0, %1, %2;" : "=r"(d) : "r"(v), "n"(1u << (32 - N)));
-  return d;
-#endif
-}
-
 template <int S>
 __device__ __forceinline__ void mx_e2m1_pair2(u32 v, u32& lo, u32& hi) {
   constexpr u32 MAGS = 0x00770077u, PAIR = 0x81C081C0u;  // y's magnitude bits; a pair's bits
-  u32 mags = S ? mx_shr_fma<8>(v) : v, sgns = S ? mx_shr_fma<2>(v) : v << 6, y;
+  u32 mags = S ? v >> 8 : v, sgns = S ? v >> 2 : v << 6, y;
 #ifdef MP_HOST
   y = (mags & MAGS) | (sgns & ~MAGS);
 #else
@@ -119,8 +106,9 @@ __device__ __forceinline__ void mx_e2m1_word(u32 v, u32 f1, u32 f2, bool twice, 
 // Two code pairs of two bytes: u holds byte X at byte 0 and byte Y at byte 2 (bytes 1 and 3 are
 // ignored). out[0] = X's codes (low nibble in the low half), out[1] = Y's, decoded and scaled
 // as above. Only mx_e2m1_pair2<0>'s left shifts: with the PRMT that places the two bytes, 6
-// integer-pipe instructions per two pairs against mx_e2m1_word's 7.5 plus its share of a
-// 4-byte gather (register-operand kernels, whose threads keep one byte of each pack word).
+// integer-pipe instructions per two registers, against 7.5 for mx_e2m1_word after a 4-byte
+// gather (wg_rs_codes) in register-operand kernels, whose threads keep one byte of each pack
+// word.
 __device__ __forceinline__ void mx_e2m1_bytes2(u32 u, u32 f1, u32 f2, bool twice, u32 out[2]) {
   u32 lo, hi;  // [X low, Y low], [X high, Y high]
   mx_e2m1_pair2<0>(u, lo, hi);
