@@ -202,8 +202,10 @@ __device__ __forceinline__ u64 wgs_b_desc(u32 sa, int s) {
 
 // A step's MMAs: 4 groups of 32 codes, each decoded and then multiplied (see the file head).
 // The fragment sets fr[set][m][slice][register] outlive the step: its last group's MMAs still
-// read set 1 until the next step's first wait.
-template <bool TWICE>
+// read set 1 until the next step's first wait. N: the tile rows the MMAs cover, BM, or 64 on a
+// 128-row tile whose last 64 rows are padding (half the tensor work; the accumulators of those
+// rows stay 0 and the epilogue skips padding rows).
+template <bool TWICE, int N>
 __device__ __forceinline__ void wgs_step(u32 sa, u32 sp, const u32 (&sc)[2][2], int tig,
                                          u32 (&fr)[2][2][2][4], float (&acc)[2][WGS_ACC]) {
   // The next group's packs are loaded before this group's decode, so that their latency
@@ -224,11 +226,10 @@ __device__ __forceinline__ void wgs_step(u32 sa, u32 sp, const u32 (&sc)[2][2], 
     for (int m = 0; m < 2; ++m)
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
-#if BM == 64
-        wgmma_bf16_rs_n64(acc[m], f[m][s], wgs_b_desc(sa, 2 * grp + s), 1);
-#else
-        wgmma_bf16_rs_n128(acc[m], f[m][s], wgs_b_desc(sa, 2 * grp + s), 1);
-#endif
+        if (N == 64)
+          wgmma_bf16_rs_n64(acc[m], f[m][s], wgs_b_desc(sa, 2 * grp + s), 1);
+        else
+          wgmma_bf16_rs_n128(acc[m], f[m][s], wgs_b_desc(sa, 2 * grp + s), 1);
       }
     wgmma_commit();
     wgmma_wait<1>();  // group grp - 1 is done: its fragment set may be rewritten
@@ -294,48 +295,63 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
     int tile, n0;
     wg_work<GATED>(w, tiles, nblk, tile, n0);
     int e = tile_expert[tile];
+    // A tile's rows are its expert's pairs, then padding (route_block): on 128-row tiles,
+    // padding at row 64 means the MMAs need cover only the first 64 (an expert's last tile
+    // holds 1-64 pairs about half the time at 64-128 pairs per expert).
+    const bool half = BM == 128 && sorted[tile * BM + BM / 2] < 0;
     float acc[2][WGS_ACC];
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
       for (int i = 0; i < WGS_ACC; ++i) acc[m][i] = 0.0f;
-    for (int ks = 0; ks < nk; ++ks, ++it) {
-      int st = it % WG_STAGES;
-      mbar_wait(full0 + 8 * st, (it / WG_STAGES) & 1);
-      // The producer's cp.async wrote the activations through the generic proxy; the barrier
-      // made them visible to this thread, the fence to its wgmma (the async proxy).
-      fence_proxy_async();
-      u32 sa = base + (u32)st * WG_STAGE_BYTES, sp = sa + 2 * WGS_A_HALF;
-      u32 sc[2][2];
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          u32 v[1];
-          ld_shared_words(sp + WGS_PACKS + (u32)(4 * (brow + 64 * m + 8 * h)), v);
-          sc[m][h] = v[0];
-        }
-      // Scales above 2^1 need a second multiply (mx_factors); real weights have none, and a
-      // warp-uniform branch keeps that path out of the common one.
-      bool big = false;
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) big |= mx_any_scale_above_128(sc[m][h]);
-      u32 spr = sp + wgs_pack_at(brow, 0);
-      if (__any_sync(0xffffffffu, big))
-        wgs_step<true>(sa, spr, sc, tig, fr, acc);
-      else
-        wgs_step<false>(sa, spr, sc, tig, fr, acc);
-      // wgs_step's last wait retired its group 2; group 3 still reads this stage, the stage
-      // of step ks - 1 is done (its group 3 retired at this step's first wait).
-      if (ks > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
-    }
+    // The K loop, compiled for both MMA widths (a block-uniform branch per work item).
+    auto k_loop = [&](auto half_case) {
+      constexpr int N = decltype(half_case)::value ? BM / 2 : BM;
+      for (int ks = 0; ks < nk; ++ks, ++it) {
+        int st = it % WG_STAGES;
+        mbar_wait(full0 + 8 * st, (it / WG_STAGES) & 1);
+        // The producer's cp.async wrote the activations through the generic proxy; the barrier
+        // made them visible to this thread, the fence to its wgmma (the async proxy).
+        fence_proxy_async();
+        u32 sa = base + (u32)st * WG_STAGE_BYTES, sp = sa + 2 * WGS_A_HALF;
+        u32 sc[2][2];
+  #pragma unroll
+        for (int m = 0; m < 2; ++m)
+  #pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            u32 v[1];
+            ld_shared_words(sp + WGS_PACKS + (u32)(4 * (brow + 64 * m + 8 * h)), v);
+            sc[m][h] = v[0];
+          }
+        // Scales above 2^1 need a second multiply (mx_factors); real weights have none, and a
+        // warp-uniform branch keeps that path out of the common one.
+        bool big = false;
+  #pragma unroll
+        for (int m = 0; m < 2; ++m)
+  #pragma unroll
+          for (int h = 0; h < 2; ++h) big |= mx_any_scale_above_128(sc[m][h]);
+        u32 spr = sp + wgs_pack_at(brow, 0);
+        if (__any_sync(0xffffffffu, big))
+          wgs_step<true, N>(sa, spr, sc, tig, fr, acc);
+        else
+          wgs_step<false, N>(sa, spr, sc, tig, fr, acc);
+        // wgs_step's last wait retired its group 2; group 3 still reads this stage, the stage
+        // of step ks - 1 is done (its group 3 retired at this step's first wait).
+        if (ks > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
+      }
+    };
+    if (half)
+      k_loop(mp_bool<true>{});
+    else
+      k_loop(mp_bool<false>{});
     // The epilogue's loads (pairs, routing weights, biases), issued before the stores of
     // their 64 sorted rows and, for the first 64, before the last MMAs retire: a store between
     // two loads would keep the second waiting (the compiler cannot move a load above a store
     // it may alias), and ncu had the item-by-item chain of them as the kernel's long-
     // scoreboard stalls. 64 rows at a time: 128 rows' would not fit beside 128 accumulators.
+    // Rows per batch of loads, 8 x WGS_EPI_J: 64, or 32 in stage 2 on 128-row tiles, whose
+    // four accumulator sets leave too few registers beside the second K loop's copy.
+    constexpr int WGS_EPI_J = BM == 128 && !GATED ? 4 : 8;
     int r0 = 16 * warp + gid;  // MMA row of h = 0
     float bias[2][2];          // stage 1: [h][gate, up]; stage 2: [m][h]
 #pragma unroll
@@ -353,15 +369,15 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
       }
     }
 #pragma unroll
-    for (int j0 = 0; j0 < BM / 8; j0 += 8) {
-      int q[8][2];
-      float wt[8][2];
+    for (int j0 = 0; j0 < BM / 8; j0 += WGS_EPI_J) {
+      int q[WGS_EPI_J][2];
+      float wt[WGS_EPI_J][2];
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < WGS_EPI_J; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) q[j][c] = sorted[tile * BM + 8 * (j0 + j) + 2 * tig + c];
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < WGS_EPI_J; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c)
           wt[j][c] = q[j][c] >= 0 ? ((const float*)p.topk_weights)[q[j][c]] : 0.0f;
@@ -371,7 +387,7 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
       }
       // acc[m][4 j + 2 h + c]: MMA row r0 + 8 h of m64 m, sorted row 8 j + 2 tig + c.
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < WGS_EPI_J; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           i64 qq = q[j][c];
