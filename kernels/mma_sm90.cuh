@@ -112,6 +112,18 @@ __device__ __forceinline__ void wgmma_e4m3_n256(float* d, u64 da, u64 db, int ac
       : "memory");
 }
 
+// D[64 x 32] (+)= A[64 x 16] * B[32 x 16]^T, bf16 operands, A from this thread's registers
+// a[0..3]; accumulate = 0 overwrites D.
+__device__ __forceinline__ void wgmma_bf16_rs_n32(float* d, const u32* a, u64 db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate)
+      : "memory");
+}
+
 // D[64 x 64] (+)= A[64 x 16] * B[64 x 16]^T, bf16 operands, A from this thread's registers
 // a[0..3]; accumulate = 0 overwrites D.
 __device__ __forceinline__ void wgmma_bf16_rs_n64(float* d, const u32* a, u64 db, int accumulate) {

@@ -202,8 +202,8 @@ __device__ __forceinline__ u64 wgs_b_desc(u32 sa, int s) {
 
 // A step's MMAs: 4 groups of 32 codes, each decoded and then multiplied (see the file head).
 // The fragment sets fr[set][m][slice][register] outlive the step: its last group's MMAs still
-// read set 1 until the next step's first wait. N: the tile rows the MMAs cover, BM, or 64 on a
-// 128-row tile whose last 64 rows are padding (half the tensor work; the accumulators of those
+// read set 1 until the next step's first wait. N: the tile rows the MMAs cover, BM, or BM / 2
+// on a tile whose second half is padding (half the tensor work; the accumulators of those
 // rows stay 0 and the epilogue skips padding rows).
 template <bool TWICE, int N>
 __device__ __forceinline__ void wgs_step(u32 sa, u32 sp, const u32 (&sc)[2][2], int tig,
@@ -226,7 +226,9 @@ __device__ __forceinline__ void wgs_step(u32 sa, u32 sp, const u32 (&sc)[2][2], 
     for (int m = 0; m < 2; ++m)
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
-        if (N == 64)
+        if (N == 32)
+          wgmma_bf16_rs_n32(acc[m], f[m][s], wgs_b_desc(sa, 2 * grp + s), 1);
+        else if (N == 64)
           wgmma_bf16_rs_n64(acc[m], f[m][s], wgs_b_desc(sa, 2 * grp + s), 1);
         else
           wgmma_bf16_rs_n128(acc[m], f[m][s], wgs_b_desc(sa, 2 * grp + s), 1);
@@ -295,10 +297,11 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
     int tile, n0;
     wg_work<GATED>(w, tiles, nblk, tile, n0);
     int e = tile_expert[tile];
-    // A tile's rows are its expert's pairs, then padding (route_block): on 128-row tiles,
-    // padding at row 64 means the MMAs need cover only the first 64 (an expert's last tile
-    // holds 1-64 pairs about half the time at 64-128 pairs per expert).
-    const bool half = BM == 128 && sorted[tile * BM + BM / 2] < 0;
+    // A tile's rows are its expert's pairs, then padding (route_block): padding at row BM / 2
+    // means the MMAs need cover only the first half (an expert's last tile is at most half
+    // full about half the time at BM / 2 .. BM pairs per expert, and a single tile about half
+    // the time below BM / 2 pairs).
+    const bool half = sorted[tile * BM + BM / 2] < 0;  // a uniform load
     float acc[2][WGS_ACC];
 #pragma unroll
     for (int m = 0; m < 2; ++m)

@@ -106,7 +106,7 @@ for n in (128, 256):
     body += func("bf16", "bf16", 16, n, ", 0, 0")
     body += func("f16", "f16", 16, n, ", 0, 0")
     body += func("e4m3", "e4m3", 32, n, "")  # fp8: K-major only, no transpose operands
-for n in (64, 128):  # MXFP4 weights decoded in registers (WG_RS), 64- and 128-row tiles
+for n in (32, 64, 128):  # MXFP4 weights decoded in registers (WG_RS); n32: half a 64-row tile
     body += func_rs("bf16", "bf16", 16, n)
 body += "#endif  // MP_HOST\n"
 out = pathlib.Path(__file__).resolve().parent.parent / "kernels" / "mma_sm90.cuh"

@@ -214,6 +214,7 @@ EMU_WGMMA_FORM(e4m3, EMU_WG_E4M3, 256)
   static inline void wgmma_##name##_rs_n##n(float* d, const u32* a, u64 db, int accumulate) { \
     emu_wgmma(d, 0, db, accumulate, kind, n, a);                                             \
   }
+EMU_WGMMA_RS_FORM(bf16, EMU_WG_BF16, 32)
 EMU_WGMMA_RS_FORM(bf16, EMU_WG_BF16, 64)
 EMU_WGMMA_RS_FORM(bf16, EMU_WG_BF16, 128)
 #undef EMU_WGMMA_RS_FORM
