@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 25's last GPU call (its device time nearly spent). Carry target/release/libmoeplug.so,
-# target/release/moeplug, .peers and target/half128/libmoeplug.so (0a0cd0e: half tiles on
+# target/release/moeplug, .peers and target/half128/libmoeplug.so (bf15885: half tiles on
 # 128-row tiles only). In order: the MXFP4 warp-specialised tests (64-row swap-AB tiles whose
 # last 32 rows are padding now run n32 MMAs), A/B at gpt-oss MXFP4 M = 1024 ([0] 128-row half
 # tiles only, [1] + 64-row), the kit.
