@@ -160,9 +160,10 @@ static WGMMA_DECODERS_PREFERENCE: Lazy<Option<u32>> =
 static WGMMA_SWAP_PREFERENCE: Lazy<bool> =
     Lazy::new(|| std::env::var("MOEPLUG_WGMMA_SWAP").map_or(true, |v| v.trim() != "0"));
 /// `MOEPLUG_WGMMA_BULK_PACKS=1`: the swap-AB kernel's producer copies each 16-row group's
-/// packs of a step with one bulk copy ([`KernelSpec::wgmma_bulk_packs`], AITER 16x16 weights);
-/// an opt-in until measured (session 24: the producer's step 273 -> 223 instructions in the
-/// SASS, and the producer shares each scheduler with two consumer warps).
+/// packs of a step with one bulk copy ([`KernelSpec::wgmma_bulk_packs`], AITER 16x16 weights).
+/// An opt-in: measured at gpt-oss M = 1024 / 2048 / 4096 (bench/NOTES.md, session 25) 1.03 /
+/// 0.99-1.01 / 0.99-1.01 the default's time, though the producer's step is 273 -> 223
+/// instructions in the SASS.
 static WGMMA_BULK_PACKS_PREFERENCE: Lazy<bool> =
     Lazy::new(|| std::env::var("MOEPLUG_WGMMA_BULK_PACKS").is_ok_and(|v| v.trim() == "1"));
 /// `MOEPLUG_WGMMA_PACK_COPIES=1`: the MXFP4 tile kernel copies each thread's pack and scale

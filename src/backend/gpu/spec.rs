@@ -259,8 +259,8 @@ pub struct KernelSpec {
     /// (`WG_PACK_COPIES`; an opt-in until measured: `MOEPLUG_WGMMA_PACK_COPIES=1`).
     pub wgmma_pack_copies: bool,
     /// Wgmma family, the swap-AB kernel on AITER 16x16 weights: the producer copies each
-    /// 16-row group's packs of a step with one bulk copy (`WG_BULK_PACKS`; an opt-in until
-    /// measured: `MOEPLUG_WGMMA_BULK_PACKS=1`).
+    /// 16-row group's packs of a step with one bulk copy (`WG_BULK_PACKS`; an opt-in,
+    /// measured no faster: `MOEPLUG_WGMMA_BULK_PACKS=1`).
     pub wgmma_bulk_packs: bool,
     /// The top-k combine runs at the end of stage 2 instead of as `moe_reduce`
     /// (`FUSED_COMBINE`; [`Family::fuses_combine`] families on CUDA only).
