@@ -25,7 +25,8 @@
 // byte by byte in any scale layout, and stores the word).
 // Per consumer step: 4 LDS.32 (scales), then per 32-code group 4 LDS.128, 4 words decoded
 // into 16 fragment registers, 4 wgmma (2 m64 x 2 k16); two fragment sets alternate, a group's
-// MMAs in flight while the next group decodes (wgmma_wait<1> before a set is rewritten).
+// MMAs in flight while the next group decodes (wgmma_wait<1> before a set is rewritten). A
+// tile whose second half is padding runs MMAs half as wide (n32 / n64).
 // Measured (bench/NOTES.md sessions 24-25): 0.77x the tile kernel's time at gpt-oss M = 1024
 // on 64-row tiles. Its step (~2700 cycles on 64 rows) is more than decode (~1500 issue
 // cycles) or MMA (1024) alone: with either ablated the launch takes 0.70-0.76x at M = 1024,
@@ -298,9 +299,9 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
     wg_work<GATED>(w, tiles, nblk, tile, n0);
     int e = tile_expert[tile];
     // A tile's rows are its expert's pairs, then padding (route_block): padding at row BM / 2
-    // means the MMAs need cover only the first half (an expert's last tile is at most half
-    // full about half the time at BM / 2 .. BM pairs per expert, and a single tile about half
-    // the time below BM / 2 pairs).
+    // means the MMAs need cover only the first half. Under uniform routing that is about half
+    // the tiles at BM / 4 .. BM pairs per expert (measured: 0.96x at gpt-oss M = 1024, 0.93x
+    // at 2048; 4096, a third of its tiles half, unchanged: bench/NOTES.md session 25).
     const bool half = sorted[tile * BM + BM / 2] < 0;  // a uniform load
     float acc[2][WGS_ACC];
 #pragma unroll
@@ -318,9 +319,9 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
         fence_proxy_async();
         u32 sa = base + (u32)st * WG_STAGE_BYTES, sp = sa + 2 * WGS_A_HALF;
         u32 sc[2][2];
-  #pragma unroll
+#pragma unroll
         for (int m = 0; m < 2; ++m)
-  #pragma unroll
+#pragma unroll
           for (int h = 0; h < 2; ++h) {
             u32 v[1];
             ld_shared_words(sp + WGS_PACKS + (u32)(4 * (brow + 64 * m + 8 * h)), v);
@@ -329,9 +330,9 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
         // Scales above 2^1 need a second multiply (mx_factors); real weights have none, and a
         // warp-uniform branch keeps that path out of the common one.
         bool big = false;
-  #pragma unroll
+#pragma unroll
         for (int m = 0; m < 2; ++m)
-  #pragma unroll
+#pragma unroll
           for (int h = 0; h < 2; ++h) big |= mx_any_scale_above_128(sc[m][h]);
         u32 spr = sp + wgs_pack_at(brow, 0);
         if (__any_sync(0xffffffffu, big))
@@ -348,13 +349,13 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
     else
       k_loop(mp_bool<false>{});
     // The epilogue's loads (pairs, routing weights, biases), issued before the stores of
-    // their 64 sorted rows and, for the first 64, before the last MMAs retire: a store between
+    // their sorted rows and, for the first batch, before the last MMAs retire: a store between
     // two loads would keep the second waiting (the compiler cannot move a load above a store
     // it may alias), and ncu had the item-by-item chain of them as the kernel's long-
-    // scoreboard stalls. 64 rows at a time: 128 rows' would not fit beside 128 accumulators.
-    // Rows per batch of loads, 8 x WGS_EPI_J: 64, or 32 in stage 2 on 128-row tiles, whose
-    // four accumulator sets leave too few registers beside the second K loop's copy.
-    constexpr int WGS_EPI_J = BM == 128 && !GATED ? 4 : 8;
+    // scoreboard stalls. 8 x EPI_J rows at a time: 64 (128 rows' would not fit beside 128
+    // accumulators), or 32 in stage 2 on 128-row tiles (64 spilled there once the K loop had
+    // its two copies).
+    constexpr int EPI_J = BM == 128 && !GATED ? 4 : 8;
     int r0 = 16 * warp + gid;  // MMA row of h = 0
     float bias[2][2];          // stage 1: [h][gate, up]; stage 2: [m][h]
 #pragma unroll
@@ -372,15 +373,15 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
       }
     }
 #pragma unroll
-    for (int j0 = 0; j0 < BM / 8; j0 += WGS_EPI_J) {
-      int q[WGS_EPI_J][2];
-      float wt[WGS_EPI_J][2];
+    for (int j0 = 0; j0 < BM / 8; j0 += EPI_J) {
+      int q[EPI_J][2];
+      float wt[EPI_J][2];
 #pragma unroll
-      for (int j = 0; j < WGS_EPI_J; ++j)
+      for (int j = 0; j < EPI_J; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) q[j][c] = sorted[tile * BM + 8 * (j0 + j) + 2 * tig + c];
 #pragma unroll
-      for (int j = 0; j < WGS_EPI_J; ++j)
+      for (int j = 0; j < EPI_J; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c)
           wt[j][c] = q[j][c] >= 0 ? ((const float*)p.topk_weights)[q[j][c]] : 0.0f;
@@ -390,7 +391,7 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
       }
       // acc[m][4 j + 2 h + c]: MMA row r0 + 8 h of m64 m, sorted row 8 j + 2 tig + c.
 #pragma unroll
-      for (int j = 0; j < WGS_EPI_J; ++j)
+      for (int j = 0; j < EPI_J; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           i64 qq = q[j][c];
