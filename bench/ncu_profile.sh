@@ -4,7 +4,7 @@
 # Each case runs bench/gpu_fused_moe.py with the real expert counts and profiles the stage-1
 # and stage-2 kernels of the first timed launch (after the one warm-up launch). Logs to $OUT.
 set -uo pipefail
-export MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so PYTHONUNBUFFERED=1
+export MOEPLUG_LIBRARY=${MOEPLUG_LIBRARY:-$PWD/target/release/libmoeplug.so} PYTHONUNBUFFERED=1  # a library given is kept
 export MOEPLUG_CACHE_DIR=/tmp/moeplug-cache MOEPLUG_SELFTEST=0
 export BENCH_E="gpt-oss-120b=128,deepseek-v3=256,qwen3-30b-a3b=128" BENCH_ITERS=1 BENCH_SETS=1
 # NCU_WHAT=breakdown: which L2 / L1 sub-unit is the busy one, tensor-pipe activity and stalls

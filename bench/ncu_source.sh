@@ -7,7 +7,7 @@
 # address order, with every numeric column that is not all zeros. MOEPLUG_* settings pass
 # through to the library (e.g. MOEPLUG_GPU_FAMILY=wgmma).
 set -uo pipefail
-export MOEPLUG_LIBRARY=$PWD/target/release/libmoeplug.so PYTHONUNBUFFERED=1
+export MOEPLUG_LIBRARY=${MOEPLUG_LIBRARY:-$PWD/target/release/libmoeplug.so} PYTHONUNBUFFERED=1  # a library given is kept
 export MOEPLUG_CACHE_DIR=/tmp/moeplug-cache MOEPLUG_SELFTEST=0
 export BENCH_E="gpt-oss-120b=128,deepseek-v3=256,qwen3-30b-a3b=128" BENCH_ITERS=1 BENCH_SETS=1
 IFS=: read -r model fmt m <<<"$1"

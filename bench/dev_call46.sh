@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Next session's first GPU call (written in session 25, whose device time ran out). Build
+# first: cargo build --release, then bash bench/ablate_swap.sh no_mma no_decode. Carry
+# target/release/libmoeplug.so, target/release/moeplug, .peers, target/no_mma/libmoeplug.so,
+# target/no_decode/libmoeplug.so. In order:
+#  1. the kit on session 25's final kernels (its last three calls came on H100s; want an H200);
+#  2. the ablations at gpt-oss MXFP4 M = 1024 / 4096 on the final kernels;
+#  3. what bounds the MMA-only 128-row step at M = 4096 (half tiles did not move 4096):
+#     ncu of the no-decode library's stage 1 (tensor and shared pipes, L2 and DRAM rates,
+#     stalls).
+source "$(dirname "$0")/dev_common.sh"
+KIT_TIMEOUT=170 kit_summary
+AB_ANY_RESULT=1 ROUNDS=2 AB_TIMEOUT=90 OUT=/tmp/ab1 bash bench/ab.sh "" \
+  "MOEPLUG_LIBRARY=$PWD/target/no_mma/libmoeplug.so" "MOEPLUG_LIBRARY=$PWD/target/no_decode/libmoeplug.so" \
+  -- --cases gptoss_mxfp4 --ms 1024,4096 2>&1 | tail -6 | tee -a "$sum"
+stamp ablations | tee -a "$sum"
+for lib in release no_decode; do
+  echo "=== $lib" | tee -a "$sum"
+  MOEPLUG_LIBRARY=$PWD/target/$lib/libmoeplug.so NCU_WHAT=breakdown NCU_SKIP=1 NCU_COUNT=1 \
+    NCU_KERNELS=moe_stage1 NCU_EXTRA="regex:sm__inst_executed_pipe_.*.avg.pct_of_peak_sustained_active,regex:sm__pipe_(tensor|shared).*cycles_active.avg.pct_of_peak_sustained_active" \
+    NCU_GREP="Duration|pipe|stalled|lts__t_bytes|dram__bytes|l1tex__throughput|lts__throughput" NCU_LINES=80 \
+    bash bench/ncu_profile.sh gpt-oss-120b:mxfp4:4096 2>&1 | grep -v " 0$" | head -60 | tee -a "$sum"
+done
+stamp ncu | tee -a "$sum"
