@@ -10,7 +10,9 @@ must equal the two-blocks-per-SM tile kernel's (the default). The swap-AB kernel
 (MOEPLUG_WGMMA_SWAP=1: the weights as the register operand, the tokens on the MMA's N) sums
 the same products in the same K slices with the operands' roles exchanged, so the tensor
 core's order within a slice may differ: on both tile heights (64 rows below 64 pairs per
-expert by default, 128 from 64) it must match the tile kernel to fp32 rounding."""
+expert by default, 128 from 64) it must match the tile kernel to fp32 rounding. Its tiles whose
+second half is padding run half-width MMAs (n32 / n64): M = 1 and 7 have only such tiles, M =
+300 and the long items full ones beside them."""
 
 import pytest
 
