@@ -12,7 +12,7 @@ the same products in the same K slices with the operands' roles exchanged, so th
 core's order within a slice may differ: on both tile heights (64 rows below 64 pairs per
 expert by default, 128 from 64) it must match the tile kernel to fp32 rounding. Its tiles whose
 second half is padding run half-width MMAs (n32 / n64): M = 1 and 7 have only such tiles, M =
-300 and the long items full ones beside them."""
+300 and the long items almost only full ones (the emulator has both in one launch)."""
 
 import pytest
 
