@@ -18,7 +18,7 @@ import re, sys
 src, orig, variant = sys.argv[1:]
 s = open(orig).read()
 if variant == "no_mma":
-    mma = re.compile(r"        if \(N == 32\)\n.*?wgmma_bf16_rs_n128\([^\n]*\n", re.S)
+    mma = re.compile(r"        if constexpr \(N == 32\)\n.*?wgmma_bf16_rs_n128\([^\n]*\n", re.S)
     s, n = mma.subn("        sink ^= f[m][s][0] ^ f[m][s][1] ^ f[m][s][2] ^ f[m][s][3];\n", s)
     s = s.replace("  u32 pk[1 + AHEAD][2][2][4];  // [buffer][m][h][word]\n",
                   "  u32 pk[1 + AHEAD][2][2][4];  // [buffer][m][h][word]\n  u32 sink = 0u;\n", 1)

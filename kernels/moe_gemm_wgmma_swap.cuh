@@ -227,9 +227,9 @@ __device__ __forceinline__ void wgs_step(u32 sa, u32 sp, const u32 (&sc)[2][2], 
     for (int m = 0; m < 2; ++m)
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
-        if (N == 32)
+        if constexpr (N == 32)
           wgmma_bf16_rs_n32(acc[m], f[m][s], wgs_b_desc(sa, 2 * grp + s), 1);
-        else if (N == 64)
+        else if constexpr (N == 64)
           wgmma_bf16_rs_n64(acc[m], f[m][s], wgs_b_desc(sa, 2 * grp + s), 1);
         else
           wgmma_bf16_rs_n128(acc[m], f[m][s], wgs_b_desc(sa, 2 * grp + s), 1);
