@@ -353,9 +353,9 @@ __device__ void moe_gemm_wg_swap(const Params& p) {
     // two loads would keep the second waiting (the compiler cannot move a load above a store
     // it may alias), and ncu had the item-by-item chain of them as the kernel's long-
     // scoreboard stalls. 8 x EPI_J rows at a time: 64 (128 rows' would not fit beside 128
-    // accumulators), or 32 in stage 2 on 128-row tiles (64 spilled there once the K loop had
-    // its two copies).
-    constexpr int EPI_J = BM == 128 && !GATED ? 4 : 8;
+    // accumulators), or 32 on 128-row tiles in stage 2 and in stage 1 with the routing weight
+    // on the input (64 spilled there once the K loop had its two copies: the compile check).
+    constexpr int EPI_J = BM == 128 && (!GATED || RWOI) ? 4 : 8;
     int r0 = 16 * warp + gid;  // MMA row of h = 0
     float bias[2][2];          // stage 1: [h][gate, up]; stage 2: [m][h]
 #pragma unroll
