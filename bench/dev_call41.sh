@@ -15,8 +15,5 @@ AB_ANY_RESULT=1 OUT=/tmp/ab1 ROUNDS=2 AB_TIMEOUT=90 bash bench/ab.sh "" "MOEPLUG
   "MOEPLUG_LIBRARY=$PWD/target/abl1/libmoeplug.so" "MOEPLUG_LIBRARY=$PWD/target/abl2/libmoeplug.so" \
   -- --cases gptoss_mxfp4 --ms 1024,4096 2>&1 | tail -8 | tee -a "$sum"
 stamp ab | tee -a "$sum"
-NCU_WHAT=breakdown NCU_SKIP=1 NCU_COUNT=1 NCU_KERNELS=moe_stage1 \
-  NCU_EXTRA="regex:sm__inst_executed_pipe_.*.avg.pct_of_peak_sustained_active,regex:sm__pipe_.*_cycles_active.avg.pct_of_peak_sustained_active" \
-  NCU_GREP="Duration|pipe|inst_executed|stalled" NCU_LINES=120 \
-  bash bench/ncu_profile.sh gpt-oss-120b:mxfp4:1024 2>&1 | grep -v " 0$" | head -120 | tee -a "$sum"
+ncu_pipes gpt-oss-120b:mxfp4:1024 120
 stamp ncu_pipes | tee -a "$sum"

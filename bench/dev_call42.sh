@@ -17,8 +17,5 @@ ROUNDS=2 AB_TIMEOUT=120 OUT=/tmp/ab1 bash bench/ab.sh "MOEPLUG_LIBRARY=$PWD/targ
   "MOEPLUG_LIBRARY=$PWD/target/b3/libmoeplug.so" "" \
   -- --cases gptoss_mxfp4 --ms 8,64,256,1024,4096 2>&1 | tail -8 | tee -a "$sum"
 stamp ab | tee -a "$sum"
-NCU_WHAT=breakdown NCU_SKIP=1 NCU_COUNT=1 NCU_KERNELS=moe_stage1 \
-  NCU_EXTRA="regex:sm__inst_executed_pipe_.*.avg.pct_of_peak_sustained_active" \
-  NCU_GREP="Duration|pipe_(alu|fma|fmaheavy|fmalite|fma_type_fp16|lsu|tensor)\.|issue_stalled_(math|wait|not_sel|long|short|selected)" NCU_LINES=60 \
-  bash bench/ncu_profile.sh gpt-oss-120b:mxfp4:256 2>&1 | grep -v " 0$" | head -40 | tee -a "$sum"
+ncu_pipes gpt-oss-120b:mxfp4:256 40
 stamp ncu_pipes | tee -a "$sum"

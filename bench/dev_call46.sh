@@ -17,9 +17,6 @@ stamp ablations | tee -a "$sum"
 ncu_launch gpt-oss-120b:mxfp4:4096 4 150
 for lib in release no_decode; do
   echo "=== $lib" | tee -a "$sum"
-  MOEPLUG_LIBRARY=$PWD/target/$lib/libmoeplug.so NCU_WHAT=breakdown NCU_SKIP=1 NCU_COUNT=1 \
-    NCU_KERNELS=moe_stage1 NCU_EXTRA="regex:sm__inst_executed_pipe_.*.avg.pct_of_peak_sustained_active,regex:sm__pipe_(tensor|shared).*cycles_active.avg.pct_of_peak_sustained_active" \
-    NCU_GREP="Duration|pipe|stalled|lts__t_bytes|dram__bytes|l1tex__throughput|lts__throughput" NCU_LINES=80 \
-    bash bench/ncu_profile.sh gpt-oss-120b:mxfp4:4096 2>&1 | grep -v " 0$" | head -60 | tee -a "$sum"
+  MOEPLUG_LIBRARY=$PWD/target/$lib/libmoeplug.so ncu_pipes gpt-oss-120b:mxfp4:4096
 done
 stamp ncu | tee -a "$sum"

@@ -61,3 +61,12 @@ ncu_launch() {  # case, kernels, timeout
     NCU_GREP='  moe_|Duration|DRAM Throughput|Memory Throughput' \
     bash bench/ncu_profile.sh "$1" 2>&1 | tail -60 | tee -a "$sum"
 }
+# Pipe utilisation and stalls of one launch's stage 1 (the first timed one): case
+# "model:format:M", then the lines kept (default 60). Pass MOEPLUG_LIBRARY to profile another
+# library (ncu_profile.sh keeps it).
+ncu_pipes() {  # case, lines
+  NCU_WHAT=breakdown NCU_SKIP=1 NCU_COUNT=1 NCU_KERNELS=moe_stage1 \
+    NCU_EXTRA="regex:sm__inst_executed_pipe_.*.avg.pct_of_peak_sustained_active,regex:sm__pipe_(tensor|shared).*cycles_active.avg.pct_of_peak_sustained_active" \
+    NCU_GREP="Duration|pipe|stalled|lts__t_bytes|dram__bytes|l1tex__throughput|lts__throughput" \
+    NCU_LINES=120 bash bench/ncu_profile.sh "$1" 2>&1 | grep -v " 0$" | head -"${2:-60}" | tee -a "$sum"
+}
