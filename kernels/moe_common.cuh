@@ -477,28 +477,41 @@ __device__ __forceinline__ void store_down2(const Params& p, int e, i64 q, int c
 // ---- routing ----------------------------------------------------------------------------
 
 // Exclusive prefix sum of v[0..n) in place by one block of SCAN_THREADS threads; returns the
-// total to every thread. `tmp` holds SCAN_THREADS ints.
+// total to every thread. `tmp` holds SCAN_THREADS ints (SCAN_PARTS + 1 of them used). Each of
+// SCAN_PARTS threads sums a run of v, thread 0 scans the runs' sums, and each run is rewritten
+// from its start: three block barriers where a tree over every thread took 20 (the route
+// kernel runs before every launch's GEMMs).
+#define SCAN_PARTS 32
 __device__ int block_exclusive_scan(int* v, int n, int* tmp) {
   int tid = threadIdx.x;
-  int chunk = (n + SCAN_THREADS - 1) / SCAN_THREADS;
+  int chunk = (n + SCAN_PARTS - 1) / SCAN_PARTS;
   int begin = min(tid * chunk, n), end = min(begin + chunk, n);
-  int sum = 0;
-  for (int i = begin; i < end; ++i) sum += v[i];
-  tmp[tid] = sum;
+  if (tid < SCAN_PARTS) {
+    int sum = 0;
+    for (int i = begin; i < end; ++i) sum += v[i];
+    tmp[tid] = sum;
+  }
   __syncthreads();
-  for (int off = 1; off < SCAN_THREADS; off <<= 1) {
-    int add = tid >= off ? tmp[tid - off] : 0;
-    __syncthreads();
-    tmp[tid] += add;
-    __syncthreads();
+  if (tid == 0) {
+    int run = 0;
+#pragma unroll
+    for (int t = 0; t < SCAN_PARTS; ++t) {
+      int c = tmp[t];
+      tmp[t] = run;
+      run += c;
+    }
+    tmp[SCAN_PARTS] = run;
   }
-  int run = tmp[tid] - sum;  // exclusive prefix of this chunk
-  int total = tmp[SCAN_THREADS - 1];
-  for (int i = begin; i < end; ++i) {
-    int c = v[i];
-    v[i] = run;
-    run += c;
+  __syncthreads();
+  if (tid < SCAN_PARTS) {
+    int run = tmp[tid];
+    for (int i = begin; i < end; ++i) {
+      int c = v[i];
+      v[i] = run;
+      run += c;
+    }
   }
+  int total = tmp[SCAN_PARTS];
   __syncthreads();
   return total;
 }
@@ -538,6 +551,7 @@ __device__ void route_block(const Params& p) {
 #endif
   __syncthreads();
 
+  int first_lid = -1;  // pair tid's, kept for the scatter below (no reread of pair_local)
   for (int q = tid; q < npairs; q += SCAN_THREADS) {
     int id = ids[q], lid = -1;
     if (q / p.topk < n_tok && id >= 0 && id < p.E_global) {
@@ -549,6 +563,7 @@ __device__ void route_block(const Params& p) {
       if (lid >= p.E) lid = -1;  // mask names more experts than the weights hold
     }
     pair_local[q] = lid;
+    if (q == tid) first_lid = lid;
     if (lid >= 0) atomicAdd(&s_start[lid], 1);
   }
   __syncthreads();
@@ -569,7 +584,7 @@ __device__ void route_block(const Params& p) {
   for (int r = tid; r < total * BM; r += SCAN_THREADS) rows[r] = -1;
   __syncthreads();  // padding written before the scatter overwrites real rows
   for (int q = tid; q < npairs; q += SCAN_THREADS) {
-    int lid = pair_local[q];
+    int lid = q == tid ? first_lid : pair_local[q];
     if (lid >= 0) rows[atomicAdd(&s_cursor[lid], 1)] = q;
   }
 }

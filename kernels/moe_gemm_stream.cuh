@@ -63,6 +63,14 @@
 #else
 #define SW_XPACKS 1
 #endif
+// Weight steps in flight while a warp computes one: two for 16-bit weights in 16-row tiles
+// (their step is a few MMAs, so the warp waits on its loads: a third register set fits the
+// two-block cap), else one.
+#if SW_VALS == 8 && BM == 16
+#define SW_AHEAD 2
+#else
+#define SW_AHEAD 1
+#endif
 // fp8: scales that vary along K fold into the sums per step.
 #define SW_FOLD (SW_FP8 && (WFMT == WF_FP8_BLOCK128 || ACT_Q == AD_FP8_BLOCK128))
 
@@ -363,7 +371,11 @@ __device__ void moe_gemm_stream(const Params& p) {
   const int nsub_block = nsub;
   auto k_loop = [&](auto one_case) {
     constexpr bool ONE = decltype(one_case)::value;
-    const int nsub = ONE ? 1 : nsub_block;
+    // Two column tiles at most (BM = 16): the other copy has both, and says so to the compiler
+    // (no predicated MMAs, WARPSYNCs or zeroed loads for the second). Not MXFP4: its stage 1
+    // with a bias then spills 4 bytes (SASS).
+    constexpr bool TWO = SW_SUBS == 2 && WFMT != WF_MXFP4;
+    const int nsub = ONE ? 1 : TWO ? 2 : nsub_block;
     // What one step of this lane reads, loaded one step ahead: weight packs (tile t, row
     // gid + 8 h) and, except for MXFP4, the activation pack of each column tile.
     struct StepLoads {
@@ -443,6 +455,41 @@ __device__ void moe_gemm_stream(const Params& p) {
       (void)live;
     };
 
+#if SW_VALS == 8
+    // 16-bit: 8 values per lane and row, two k16 MMA steps.
+    auto mma16 = [&](const StepLoads& l) {
+#pragma unroll
+      for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int j = 0; j < SW_SUBS; ++j) {
+          if (j >= nsub) continue;
+#pragma unroll
+          for (int t = 0; t < 2; ++t)
+            sw_mma(acc[t][j], sw_word(l.w[t][0], 2 * s), sw_word(l.w[t][1], 2 * s),
+                   sw_word(l.w[t][0], 2 * s + 1), sw_word(l.w[t][1], 2 * s + 1),
+                   sw_word(l.x[j], 2 * s), sw_word(l.x[j], 2 * s + 1));
+        }
+    };
+#endif
+#if SW_AHEAD == 2
+    // Two steps in flight while one computes: three register sets in rotation, the loop
+    // unrolled by three so that no set is copied.
+    StepLoads l0, l1, l2;
+    if (kw < nsteps) load(kw, l0);
+    if (kw + KW < nsteps) load(kw + KW, l1);
+    auto step = [&](int st, const StepLoads& now, StepLoads& refill) {
+      if (st + 2 * KW < nsteps) load(st + 2 * KW, refill);
+      mma16(now);
+    };
+    for (int st = kw; st < nsteps; st += 3 * KW) {
+      step(st, l0, l2);
+      if (st + KW >= nsteps) break;
+      step(st + KW, l1, l0);
+      if (st + 2 * KW >= nsteps) break;
+      step(st + 2 * KW, l2, l1);
+    }
+    (void)scur, (void)snext;
+#else
     StepLoads cur, nxt;
     if (kw < nsteps) load(kw, cur);
 #if !SW_FOLD
@@ -581,28 +628,14 @@ __device__ void moe_gemm_stream(const Params& p) {
         mx_step(mp_bool<false>{});
 #endif
 #else
-      // 16-bit: 8 values per lane and row, two k16 MMA steps.
-      uint4 xb[SW_SUBS];
-#pragma unroll
-      for (int j = 0; j < SW_SUBS; ++j)
-        xb[j] = cur.x[j];
-#pragma unroll
-      for (int s = 0; s < 2; ++s)
-#pragma unroll
-        for (int j = 0; j < SW_SUBS; ++j) {
-          if (j >= nsub) continue;
-#pragma unroll
-          for (int t = 0; t < 2; ++t)
-            sw_mma(acc[t][j], sw_word(wcur[t][0], 2 * s), sw_word(wcur[t][1], 2 * s),
-                   sw_word(wcur[t][0], 2 * s + 1), sw_word(wcur[t][1], 2 * s + 1),
-                   sw_word(xb[j], 2 * s), sw_word(xb[j], 2 * s + 1));
-        }
+      mma16(cur);
 #endif
 #if !SW_FOLD
       scur = snext;
 #endif
       cur = nxt;
     }
+#endif  // SW_AHEAD
   };
   if (nsub == 1)
     k_loop(mp_bool<true>{});
