@@ -372,9 +372,9 @@ __device__ void moe_gemm_stream(const Params& p) {
   auto k_loop = [&](auto one_case) {
     constexpr bool ONE = decltype(one_case)::value;
     // Two column tiles at most (BM = 16): the other copy has both, and says so to the compiler
-    // (no predicated MMAs, WARPSYNCs or zeroed loads for the second). Not MXFP4: its stage 1
-    // with a bias then spills 4 bytes (SASS).
-    constexpr bool TWO = SW_SUBS == 2 && WFMT != WF_MXFP4;
+    // (no predicated MMAs, WARPSYNCs or zeroed loads for the second). 16-bit weights only:
+    // MXFP4's stage 1 with a bias and fp8 block-128's stage 1 then spill 4-28 bytes (SASS).
+    constexpr bool TWO = SW_SUBS == 2 && SW_VALS == 8;
     const int nsub = ONE ? 1 : TWO ? 2 : nsub_block;
     // What one step of this lane reads, loaded one step ahead: weight packs (tile t, row
     // gid + 8 h) and, except for MXFP4, the activation pack of each column tile.
