@@ -63,13 +63,11 @@
 #else
 #define SW_XPACKS 1
 #endif
-// Weight steps in flight while a warp computes one: two for 16-bit weights in 16-row tiles
-// (their step is a few MMAs, so the warp waits on its loads: a third register set fits the
-// two-block cap), else one.
-#if SW_VALS == 8 && BM == 16
-#define SW_AHEAD 2
-#else
-#define SW_AHEAD 1
+// SW_AHEAD (-D, spec::KernelSpec::stream_ahead): weight steps in flight while a warp
+// computes one. Two take a third register set: 16-bit weights in 16-row tiles only (their
+// step is a few MMAs, so the warp waits on its loads, and the set fits the two-block cap).
+#if !defined(SW_AHEAD) || SW_AHEAD < 1 || SW_AHEAD > 2 || (SW_AHEAD == 2 && (SW_VALS != 8 || BM != 16))
+#error "SW_AHEAD: 1, or 2 for 16-bit weights in 16-row tiles (heuristics::stream_ahead_max)"
 #endif
 // fp8: scales that vary along K fold into the sums per step.
 #define SW_FOLD (SW_FP8 && (WFMT == WF_FP8_BLOCK128 || ACT_Q == AD_FP8_BLOCK128))

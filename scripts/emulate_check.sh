@@ -163,7 +163,7 @@ select_cuda() {
       continue
     fi
     key=$family
-    for d in BM WFMT ACT_Q ACT_F16 SW_KW1 SW_KW2 SW_PF SW_PF_TILE QUANT1_IN_ROUTE FUSED_QUANT2; do
+    for d in BM WFMT ACT_Q ACT_F16 SW_KW1 SW_KW2 SW_PF SW_PF_TILE SW_AHEAD QUANT1_IN_ROUTE FUSED_QUANT2; do
       key+=" $(grep -o -- "-D$d=[0-9]*" <<<"$defines" || true)"
     done
     # wgmma: and its weight rows per MMA, blocks per SM, TMA, warp specialisation, work

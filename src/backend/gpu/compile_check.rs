@@ -66,6 +66,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 split_k: [[8, 4, 2, 1][n % 4], [8, 4, 2, 1][(n / 4) % 4]],
                                 stream_bm: STREAM_TILE_ROWS[0], // the default; 32 below
                                 stream_prefetch: StreamPrefetch::Off, // the default; others below
+                                stream_ahead: 1, // the default; two steps below
                                 pdl: Pdl::Off,                  // sm_90's default below
                                 // both tile heights and widths meet every format
                                 wgmma_n: [128, 256][chosen % 2],
@@ -138,6 +139,16 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(tall);
+                                // MOEPLUG_STREAM_AHEAD=2 (two weight steps in flight per
+                                // warp): that variant of every stream configuration that
+                                // takes it (16-bit weights in 16-row tiles).
+                                let ahead = (family == Family::Stream && spec.stream_ahead == 1)
+                                    .then(|| KernelSpec {
+                                        stream_ahead: 2,
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(ahead);
                                 // MOEPLUG_WGMMA_GROUP (the grouped work order, an opt-in):
                                 // that variant of every other wgmma configuration, in groups
                                 // of 3 tiles, so that the host emulation's 5-7 tiles make a

@@ -234,6 +234,26 @@ static STREAM_PREFETCH_PREFERENCE: Lazy<Option<StreamPrefetch>> = Lazy::new(|| {
         .and_then(|v| StreamPrefetch::parse(&v))
 });
 
+/// `MOEPLUG_STREAM_AHEAD=1|2`: the stream family's weight steps in flight per warp (an A/B
+/// switch; 2 applies where [`stream_ahead_max`] allows it).
+static STREAM_AHEAD_PREFERENCE: Lazy<Option<u32>> =
+    Lazy::new(|| env_choice("MOEPLUG_STREAM_AHEAD").filter(|n| (1..=2).contains(n)));
+/// The stream family's weight steps in flight per warp where the heuristics choose.
+pub const STREAM_AHEAD_DEFAULT: u32 = 1;
+
+/// The most weight steps a stream warp can hold in flight for this configuration: two (a
+/// third register set) for 16-bit weights in 16-row tiles, whose step is a few MMAs, so
+/// that the warp waits on its loads; MXFP4 and fp8 sit at the two-block register cap with
+/// one (`SW_AHEAD`, kernels/moe_gemm_stream.cuh).
+pub fn stream_ahead_max(spec: &KernelSpec) -> u32 {
+    let sixteen_bit = matches!(spec.weight_format, WeightFormat::Bf16 | WeightFormat::Fp16);
+    if sixteen_bit && spec.stream_bm == 16 {
+        2
+    } else {
+        1
+    }
+}
+
 /// `MOEPLUG_PDL=0|wait|early` ([`Pdl::parse`]; "1" is early, the default): programmatic
 /// dependent launch of the stream and wgmma families on sm_90 (an A/B switch; the stream family
 /// waits where early is asked for, [`Pdl::for_family`]). On the H200, waiting at each kernel's
@@ -406,6 +426,9 @@ pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
     }
     if spec.stream_prefetch.on(sm) != spec.stream_prefetch {
         return Some("the bulk L2 prefetch needs sm_90");
+    }
+    if !(1..=stream_ahead_max(spec)).contains(&spec.stream_ahead) {
+        return Some("two weight steps in flight: 16-bit weights in 16-row tiles only");
     }
     if spec.pdl.on() && sm < PDL_MIN_SM {
         return Some("programmatic dependent launch needs sm_90");
@@ -694,6 +717,9 @@ pub fn spec_for(
         let prefetch = STREAM_PREFETCH_PREFERENCE.unwrap_or(StreamPrefetch::Off);
         let sm = sm_version(arch);
         spec.stream_prefetch = sm.map_or(prefetch, |sm| prefetch.on(sm));
+        spec.stream_ahead = STREAM_AHEAD_PREFERENCE
+            .unwrap_or(STREAM_AHEAD_DEFAULT)
+            .min(stream_ahead_max(&spec));
     }
     if matches!(family, Family::Stream | Family::Wgmma)
         && sm_version(arch).is_some_and(|sm| sm >= PDL_MIN_SM)

@@ -821,6 +821,7 @@ fn default_spec() -> spec::KernelSpec {
         split_k: [8, 8],
         stream_bm: 16,
         stream_prefetch: spec::StreamPrefetch::Off,
+        stream_ahead: 1,
         pdl: spec::Pdl::Off,
         wgmma_n: 128,
         wgmma_bm: 128,

@@ -223,6 +223,10 @@ pub struct KernelSpec {
     /// Stream family: weight prefetch into the L2 ahead of the register loads
     /// (`SW_PF`, `SW_PF_TILE`). Unused by the others.
     pub stream_prefetch: StreamPrefetch,
+    /// Stream family: weight steps in flight while a warp computes one (`SW_AHEAD`, 1 or 2;
+    /// 2 holds a third register set, 16-bit weights in 16-row tiles only:
+    /// heuristics::stream_ahead_max). Unused by the others.
+    pub stream_ahead: u32,
     /// Stream and wgmma families, sm_90: programmatic dependent launch ([`Pdl`]).
     pub pdl: Pdl,
     /// Wgmma family: weight rows per warpgroup MMA (`WG_N`, 128 or 256; with `wgmma_rs` the
@@ -301,6 +305,7 @@ impl KernelSpec {
             split_k: [8, 8],
             stream_bm: 16,
             stream_prefetch: StreamPrefetch::Off,
+            stream_ahead: 1,
             pdl: Pdl::Off,
             wgmma_n: 128,
             wgmma_bm: 128,
@@ -591,6 +596,7 @@ impl KernelSpec {
             };
             d.push(format!("SW_PF={steps}"));
             d.push(format!("SW_PF_TILE={}", b(tile)));
+            d.push(format!("SW_AHEAD={}", self.stream_ahead));
             d.push(format!("FUSED_QUANT2={}", b(self.fused_quant2)));
         }
         if matches!(self.family, Family::Stream | Family::Wgmma) {
