@@ -7,9 +7,10 @@
 // w + KW, ...), the block holds 8 / KW row groups (fewer, longer K walks when K is short);
 // the partial sums are added in warp order through shared memory (deterministic). Every weight
 // byte of a touched expert is read once per sorted tile, by 16-byte loads straight into
-// registers one step ahead of the MMAs, with the step's activations and scales (the F1
-// layout stores 16 rows x one 16-byte pack as 256 contiguous bytes, and lane (gid, tig) takes
-// rows gid and gid + 8 of pack tig, so a warp's loads of a step cover 1 KiB per 16-row tile).
+// registers one step ahead of the MMAs (two for 16-bit weights with SW_AHEAD = 2), with the
+// step's activations and scales (the F1 layout stores 16 rows x one 16-byte pack as 256
+// contiguous bytes, and lane (gid, tig) takes rows gid and gid + 8 of pack tig, so a warp's
+// loads of a step cover 1 KiB per 16-row tile).
 // A cp.async ring through shared memory (4 stages) measured 1.5-2x slower than this on the
 // H200 (bench/NOTES.md).
 //
@@ -374,7 +375,7 @@ __device__ void moe_gemm_stream(const Params& p) {
     // MXFP4's stage 1 with a bias and fp8 block-128's stage 1 then spill 4-28 bytes (SASS).
     constexpr bool TWO = SW_SUBS == 2 && SW_VALS == 8;
     const int nsub = ONE ? 1 : TWO ? 2 : nsub_block;
-    // What one step of this lane reads, loaded one step ahead: weight packs (tile t, row
+    // What one step of this lane reads, loaded SW_AHEAD steps ahead: weight packs (tile t, row
     // gid + 8 h) and, except for MXFP4, the activation pack of each column tile.
     struct StepLoads {
       uint4 w[2][2];
