@@ -6,17 +6,16 @@
 #     column tile unpredicated, the route's three-barrier scan: MXFP4 and fp8 see only the
 #     route); [2] + two weight steps in flight in the 16-bit stream loop;
 #  2. with two steps in flight: memcheck and racecheck over 16-bit stream launches and the
-#     route (expert mask), beside the whole GPU suite;
-#  3. the kit (two steps in flight).
+#     route (expert mask), beside the whole GPU suite. (No kit: the device time left after
+#     the failed starts holds one call of ~400 s.)
 source "$(dirname "$0")/dev_common.sh"
 ROUNDS=2 AB_TIMEOUT=75 OUT=/tmp/ab1 bash bench/ab.sh "MOEPLUG_LIBRARY=$PWD/target/base/libmoeplug.so" "" \
   "MOEPLUG_STREAM_AHEAD=2" \
   -- --cases gptoss_bf16,qwen3_bf16,gptoss_mxfp4,qwen3_fp8blk --ms 1,8,64 2>&1 | tail -15 | tee -a "$sum"
 stamp ab | tee -a "$sum"
-export MOEPLUG_STREAM_AHEAD=2  # the new path under the sanitizers, the suite and the kit
-san mem_stream memcheck SAN_SELECT='test_formats_x_act_dtypes\[.*bf16-bf16|test_deterministic\[.*bf16|test_expert_mask|test_real_shapes\[gpt-oss-120b-(1|7)\]' SAN_TIMEOUT=120
-san race_stream racecheck SAN_SELECT='test_formats_x_act_dtypes\[.*bf16-bf16-aiter_16x16-none-separated|test_deterministic\[.*bf16|test_expert_mask' SAN_TIMEOUT=120
-SUITE_TIMEOUT=150 suite_summary
+export MOEPLUG_STREAM_AHEAD=2  # the new path under the sanitizers and the suite
+san mem_stream memcheck SAN_SELECT='test_formats_x_act_dtypes\[.*bf16-bf16|test_deterministic\[.*bf16|test_expert_mask|test_real_shapes\[gpt-oss-120b-(1|7)\]' SAN_TIMEOUT=110
+san race_stream racecheck SAN_SELECT='test_formats_x_act_dtypes\[.*bf16-bf16-aiter_16x16-none-separated|test_deterministic\[.*bf16|test_expert_mask' SAN_TIMEOUT=110
+SUITE_TIMEOUT=140 suite_summary
 report sanitizer
 rm -rf "$OUT"/mem_stream "$OUT"/race_stream
-KIT_TIMEOUT=170 kit_summary
