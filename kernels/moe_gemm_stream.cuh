@@ -454,9 +454,11 @@ __device__ void moe_gemm_stream(const Params& p) {
       (void)live;
     };
 
-#if SW_VALS == 8
-    // 16-bit: 8 values per lane and row, two k16 MMA steps.
-    auto mma16 = [&](const StepLoads& l) {
+#if SW_XPACKS == 1
+    // The MMAs of a step whose weights need no decode (16-bit: two k16 steps of 8 values per
+    // lane and row; fp8: two k32 steps of 16), into c.
+    auto mma_step = [&](float(&c)[2][SW_SUBS][4], const uint4(&w)[2][2],
+                        const uint4(&x)[SW_SUBS]) {
 #pragma unroll
       for (int s = 0; s < 2; ++s)
 #pragma unroll
@@ -464,9 +466,9 @@ __device__ void moe_gemm_stream(const Params& p) {
           if (j >= nsub) continue;
 #pragma unroll
           for (int t = 0; t < 2; ++t)
-            sw_mma(acc[t][j], sw_word(l.w[t][0], 2 * s), sw_word(l.w[t][1], 2 * s),
-                   sw_word(l.w[t][0], 2 * s + 1), sw_word(l.w[t][1], 2 * s + 1),
-                   sw_word(l.x[j], 2 * s), sw_word(l.x[j], 2 * s + 1));
+            sw_mma(c[t][j], sw_word(w[t][0], 2 * s), sw_word(w[t][1], 2 * s),
+                   sw_word(w[t][0], 2 * s + 1), sw_word(w[t][1], 2 * s + 1),
+                   sw_word(x[j], 2 * s), sw_word(x[j], 2 * s + 1));
         }
     };
 #endif
@@ -478,7 +480,7 @@ __device__ void moe_gemm_stream(const Params& p) {
     if (kw + KW < nsteps) load(kw + KW, l1);
     auto step = [&](int st, const StepLoads& now, StepLoads& refill) {
       if (st + 2 * KW < nsteps) load(st + 2 * KW, refill);
-      mma16(now);
+      mma_step(acc, now.w, now.x);
     };
     for (int st = kw; st < nsteps; st += 3 * KW) {
       step(st, l0, l2);
@@ -508,10 +510,6 @@ __device__ void moe_gemm_stream(const Params& p) {
 
 #if SW_FP8
       // Activation codes: 16 per lane and column tile, the same k as the weight pack.
-      uint4 xb[SW_SUBS];
-#pragma unroll
-      for (int j = 0; j < SW_SUBS; ++j)
-        xb[j] = cur.x[j];
 #if SW_FOLD
       float part[2][SW_SUBS][4];
 #pragma unroll
@@ -520,22 +518,10 @@ __device__ void moe_gemm_stream(const Params& p) {
         for (int j = 0; j < SW_SUBS; ++j)
 #pragma unroll
           for (int q = 0; q < 4; ++q) part[t][j][q] = 0.0f;
-#define SW_ACC part
+      mma_step(part, wcur, cur.x);
 #else
-#define SW_ACC acc
+      mma_step(acc, wcur, cur.x);
 #endif
-#pragma unroll
-      for (int s = 0; s < 2; ++s)
-#pragma unroll
-        for (int j = 0; j < SW_SUBS; ++j) {
-          if (j >= nsub) continue;
-#pragma unroll
-          for (int t = 0; t < 2; ++t)
-            sw_mma(SW_ACC[t][j], sw_word(wcur[t][0], 2 * s), sw_word(wcur[t][1], 2 * s),
-                   sw_word(wcur[t][0], 2 * s + 1), sw_word(wcur[t][1], 2 * s + 1),
-                   sw_word(xb[j], 2 * s), sw_word(xb[j], 2 * s + 1));
-        }
-#undef SW_ACC
 #if SW_FOLD
       {
 #pragma unroll
@@ -627,7 +613,7 @@ __device__ void moe_gemm_stream(const Params& p) {
         mx_step(mp_bool<false>{});
 #endif
 #else
-      mma16(cur);
+      mma_step(acc, cur.w, cur.x);
 #endif
 #if !SW_FOLD
       scur = snext;
