@@ -66,7 +66,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 split_k: [[8, 4, 2, 1][n % 4], [8, 4, 2, 1][(n / 4) % 4]],
                                 stream_bm: STREAM_TILE_ROWS[0], // the default; 32 below
                                 stream_prefetch: StreamPrefetch::Off, // the default; others below
-                                stream_ahead: 1, // the default; two steps below
+                                stream_ahead: 1,                // the default; two steps below
                                 pdl: Pdl::Off,                  // sm_90's default below
                                 // both tile heights and widths meet every format
                                 wgmma_n: [128, 256][chosen % 2],
