@@ -1667,6 +1667,34 @@ mod tests {
     }
 
     #[test]
+    fn two_weight_steps_in_flight_are_selectable_for_16_bit_weights_in_16_row_tiles_only() {
+        use super::super::compile_check::selectable_specs;
+        let specs = selectable_specs(90);
+        let ahead: Vec<&KernelSpec> = specs.iter().filter(|s| s.stream_ahead == 2).collect();
+        assert!(ahead.iter().any(|s| s.weight_format == WeightFormat::Bf16));
+        assert!(ahead.iter().any(|s| s.weight_format == WeightFormat::Fp16));
+        assert!(ahead
+            .iter()
+            .all(|s| s.family == Family::Stream && s.stream_bm == 16));
+        assert!(ahead[0].defines().contains(&"SW_AHEAD=2".to_string()));
+        let refused = Some("two weight steps in flight: 16-bit weights in 16-row tiles only");
+        let tall = KernelSpec {
+            stream_bm: 32,
+            ..ahead[0].clone()
+        };
+        assert_eq!(stream_spec_unsupported(90, &tall), refused);
+        let stream_mx = specs
+            .iter()
+            .find(|s| s.family == Family::Stream && s.weight_format == WeightFormat::Mxfp4)
+            .expect("an MXFP4 stream configuration");
+        let mx = KernelSpec {
+            stream_ahead: 2,
+            ..stream_mx.clone()
+        };
+        assert_eq!(stream_spec_unsupported(90, &mx), refused);
+    }
+
+    #[test]
     fn programmatic_dependent_launch_is_selectable_on_sm_90_stream_and_wgmma_only() {
         use super::super::compile_check::selectable_specs;
         let on90 = selectable_specs(90);
