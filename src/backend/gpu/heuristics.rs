@@ -239,7 +239,7 @@ static STREAM_PREFETCH_PREFERENCE: Lazy<Option<StreamPrefetch>> = Lazy::new(|| {
 static STREAM_AHEAD_PREFERENCE: Lazy<Option<u32>> =
     Lazy::new(|| env_choice("MOEPLUG_STREAM_AHEAD").filter(|n| (1..=2).contains(n)));
 /// The stream family's weight steps in flight per warp where the heuristics choose.
-pub const STREAM_AHEAD_DEFAULT: u32 = 1;
+const STREAM_AHEAD_DEFAULT: u32 = 1;
 
 /// The most weight steps a stream warp can hold in flight for this configuration: two (a
 /// third register set) for 16-bit weights in 16-row tiles, whose step is a few MMAs, so
