@@ -66,7 +66,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 split_k: [[8, 4, 2, 1][n % 4], [8, 4, 2, 1][(n / 4) % 4]],
                                 stream_bm: STREAM_TILE_ROWS[0], // the default; 32 below
                                 stream_prefetch: StreamPrefetch::Off, // the default; others below
-                                stream_ahead: 1,                // the default; two steps below
+                                stream_ahead: 1,                // MXFP4 and fp8's; two steps below
                                 pdl: Pdl::Off,                  // sm_90's default below
                                 // both tile heights and widths meet every format
                                 wgmma_n: [128, 256][chosen % 2],
@@ -139,9 +139,9 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(tall);
-                                // MOEPLUG_STREAM_AHEAD=2 (two weight steps in flight per
-                                // warp): that variant of every stream configuration that
-                                // takes it (16-bit weights in 16-row tiles).
+                                // Two weight steps in flight per warp (16-bit weights' default
+                                // in 16-row tiles; MOEPLUG_STREAM_AHEAD=1 keeps one): that
+                                // variant of every stream configuration that takes it.
                                 let ahead = (family == Family::Stream && spec.stream_ahead == 1)
                                     .then(|| KernelSpec {
                                         stream_ahead: 2,

@@ -238,8 +238,10 @@ static STREAM_PREFETCH_PREFERENCE: Lazy<Option<StreamPrefetch>> = Lazy::new(|| {
 /// switch; 2 applies where [`stream_ahead_max`] allows it).
 static STREAM_AHEAD_PREFERENCE: Lazy<Option<u32>> =
     Lazy::new(|| env_choice("MOEPLUG_STREAM_AHEAD").filter(|n| (1..=2).contains(n)));
-/// The stream family's weight steps in flight per warp where the heuristics choose.
-const STREAM_AHEAD_DEFAULT: u32 = 1;
+/// The stream family's weight steps in flight per warp where the heuristics choose (capped by
+/// [`stream_ahead_max`]). Two measured 1.8 % less time at gpt-oss bf16 M = 1 and no change
+/// elsewhere (H100, bench/NOTES.md, session 27).
+const STREAM_AHEAD_DEFAULT: u32 = 2;
 
 /// The most weight steps a stream warp can hold in flight for this configuration: two (a
 /// third register set) for 16-bit weights in 16-row tiles, whose step is a few MMAs, so
