@@ -14,10 +14,10 @@ ab() {  # name, cases, ms, variants...
 P=MOEPLUG_
 ab split16 gptoss_bf16,qwen3_bf16 1 "${P}STREAM_AHEAD=2" "${P}STREAM_AHEAD=2 ${P}STREAM_SPLIT_K=4,4" \
   "${P}STREAM_AHEAD=2 ${P}STREAM_SPLIT_K=2,4" "${P}STREAM_AHEAD=2 ${P}STREAM_SPLIT_K=8,8" \
-  "${P}STREAM_AHEAD=2 ${P}STREAM_SPLIT_K=0,2" "${P}STREAM_AHEAD=2 ${P}STREAM_SPLIT_K=2,2"
+  "${P}STREAM_AHEAD=2 ${P}STREAM_SPLIT_K=0,2" "${P}STREAM_AHEAD=2 ${P}FUSED_COMBINE=1"
 ab bf16mid gptoss_bf16 8,64,256 "" "${P}GPU_FAMILY=stream ${P}STREAM_AHEAD=2" "${P}WGMMA_N=128" \
   "${P}WGMMA_BLOCKS=2" "${P}WGMMA_GROUP=1" "${P}WGMMA_PERSISTENT=1" "${P}WGMMA_KSPLIT=1"
 ab mxfp4 gptoss_mxfp4 8,64,256 "" "${P}STREAM_PREFETCH=2" "${P}STREAM_PREFETCH=tile" \
-  "${P}STREAM_BM=32" "${P}GPU_FAMILY=wgmma" "${P}STREAM_SPLIT_K=4,4" "${P}STREAM_SPLIT_K=8,8"
-ab fp8 qwen3_fp8blk 8,64 "" "${P}GPU_FAMILY=stream" "${P}GPU_FAMILY=wgmma" "${P}WGMMA_N=128" \
-  "${P}WGMMA_BLOCKS=2" "${P}STREAM_PREFETCH=2"
+  "${P}STREAM_BM=32" "${P}STREAM_SPLIT_K=4,4" "${P}STREAM_SPLIT_K=8,8" "${P}FUSED_COMBINE=1"
+ab fp8 qwen3_fp8blk 8 "" "${P}GPU_FAMILY=stream" "${P}GPU_FAMILY=wgmma" "${P}WGMMA_N=128" \
+  "${P}WGMMA_BLOCKS=2"
