@@ -256,6 +256,24 @@ pub fn stream_ahead_max(spec: &KernelSpec) -> u32 {
     }
 }
 
+/// The weight steps in flight per warp that this stream configuration runs: the preference or
+/// the default, within [`stream_ahead_max`].
+fn stream_ahead(spec: &KernelSpec) -> u32 {
+    STREAM_AHEAD_PREFERENCE
+        .unwrap_or(STREAM_AHEAD_DEFAULT)
+        .min(stream_ahead_max(spec))
+}
+
+/// Where the stream family with two 16-bit weight steps in flight beats the wgmma family at
+/// decode: both GEMMs' K at least this long (each warp's K walk long against its block's fixed
+/// cost) and at most [`STREAM_LONG_K_MAX_PAIRS`] pairs per expert (one 16-row tile for most
+/// experts). Measured on the H100 (bench/NOTES.md, session 27, one round): gpt-oss bf16 (K 2880
+/// and 2880) 0.954x / 0.963x / 0.973x wgmma's time at M = 8 / 64 / 256 (1, 2, 8 pairs per
+/// expert); Qwen3 bf16 (K 2048 and 768) 1.027x / 1.038x / 1.206x at M = 8 / 64 / 256 (2, 4, 16).
+pub const STREAM_LONG_K_MIN: usize = 2048;
+/// See [`STREAM_LONG_K_MIN`]: the most pairs per expert measured to win.
+pub const STREAM_LONG_K_MAX_PAIRS: usize = 8;
+
 /// `MOEPLUG_PDL=0|wait|early` ([`Pdl::parse`]; "1" is early, the default): programmatic
 /// dependent launch of the stream and wgmma families on sm_90 (an A/B switch; the stream family
 /// waits where early is asked for, [`Pdl::for_family`]). On the H200, waiting at each kernel's
@@ -719,9 +737,7 @@ pub fn spec_for(
         let prefetch = STREAM_PREFETCH_PREFERENCE.unwrap_or(StreamPrefetch::Off);
         let sm = sm_version(arch);
         spec.stream_prefetch = sm.map_or(prefetch, |sm| prefetch.on(sm));
-        spec.stream_ahead = STREAM_AHEAD_PREFERENCE
-            .unwrap_or(STREAM_AHEAD_DEFAULT)
-            .min(stream_ahead_max(&spec));
+        spec.stream_ahead = stream_ahead(&spec);
     }
     if matches!(family, Family::Stream | Family::Wgmma)
         && sm_version(arch).is_some_and(|sm| sm >= PDL_MIN_SM)
@@ -1038,7 +1054,10 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
     if sm < 80 {
         return Family::Fp32;
     }
-    let spec = KernelSpec::for_launch(launch, Family::Stream);
+    let spec = KernelSpec {
+        stream_bm: STREAM_BM_PREFERENCE.unwrap_or(STREAM_TILE_ROWS[0]),
+        ..KernelSpec::for_launch(launch, Family::Stream)
+    };
     let stream_ok = stream_unsupported(sm, &spec, launch).is_none();
     let wgmma_ok =
         wgmma_unsupported(sm, &KernelSpec::for_launch(launch, Family::Wgmma), launch).is_none();
@@ -1066,7 +1085,15 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
         (sixteen_bit || launch.config.layout.weight_format == WeightFormat::Fp8Block128)
             && wgmma_streams_decode_faster(launch, shape)
     };
-    if wgmma_ok && (pairs_per_expert >= wgmma_min || streams_faster()) {
+    let l = &launch.config.layout;
+    let long_k_stream = stream_ok
+        && sixteen_bit
+        && stream_ahead(&spec) == 2
+        && l.hidden_size.min(l.intermediate_size) >= STREAM_LONG_K_MIN
+        && pairs_per_expert <= STREAM_LONG_K_MAX_PAIRS;
+    if long_k_stream {
+        Family::Stream
+    } else if wgmma_ok && (pairs_per_expert >= wgmma_min || streams_faster()) {
         Family::Wgmma
     } else if stream_ok && pairs_per_expert <= STREAM_MAX_PAIRS_PER_EXPERT[sixteen_bit as usize] {
         Family::Stream
@@ -1293,9 +1320,8 @@ mod tests {
             (fp8, 128, 2048, 768, 8, 4, Family::Stream),
             (fp8, 128, 2048, 768, 8, 8, Family::Wgmma),
             (fp8, 128, 2048, 768, 8, 16, Family::Wgmma),
-            // gpt-oss-120b bf16: 12 column blocks of stage 2 per expert, a wave from M = 4
-            (bf16, 128, 2880, 2880, 4, 2, Family::Stream),
-            (bf16, 128, 2880, 2880, 4, 4, Family::Wgmma),
+            // gpt-oss-120b bf16 runs the stream family to 8 pairs per expert since two weight
+            // steps are in flight (the long-K rule, the test below)
             // DeepSeek-V3 fp8: 8 experts of 44 MB fill a wave at M = 1
             (fp8, 256, 7168, 2048, 8, 1, Family::Wgmma),
         ];
@@ -1315,6 +1341,34 @@ mod tests {
             );
             // where the wgmma family does not run, stream keeps decode
             assert_eq!(choose("sm_89", &l, &shape), Family::Stream);
+        }
+    }
+
+    #[test]
+    fn sixteen_bit_decode_with_long_k_streams_up_to_eight_pairs_per_expert() {
+        // (hidden, intermediate, top-k, M): the family measured faster (bench/NOTES.md,
+        // session 27, H100, two weight steps in flight)
+        let cases = [
+            // gpt-oss-120b bf16: 1, 2 and 8 pairs per expert stream; 16 take the wgmma tiles
+            (2880, 2880, 4, 1, Family::Stream),
+            (2880, 2880, 4, 8, Family::Stream),
+            (2880, 2880, 4, 64, Family::Stream),
+            (2880, 2880, 4, 256, Family::Stream),
+            (2880, 2880, 4, 512, Family::Wgmma),
+            // Qwen3-30B-A3B bf16: stage 2's K of 768 is short, wgmma from M = 8
+            (2048, 768, 8, 8, Family::Wgmma),
+            (2048, 768, 8, 64, Family::Wgmma),
+        ];
+        for (h, i, topk, m, want) in cases {
+            let l = model_launch(WeightFormat::Bf16, 128, h, i, m);
+            let shape = LaunchShape {
+                m,
+                topk,
+                hidden_cols: h,
+                output_cols: h,
+                weight_elem: l.w13.elem,
+            };
+            assert_eq!(choose("sm_90", &l, &shape), want, "H={h} I={i} M={m}");
         }
     }
 
