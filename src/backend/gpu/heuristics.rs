@@ -1349,7 +1349,7 @@ mod tests {
         // (hidden, intermediate, top-k, M): the family measured faster (bench/NOTES.md,
         // session 27, H100, two weight steps in flight)
         let cases = [
-            // gpt-oss-120b bf16: 1, 2 and 8 pairs per expert stream; 16 take the wgmma tiles
+            // gpt-oss-120b bf16: 1 (M = 1, 8), 2 and 8 pairs per expert stream; 16 take wgmma
             (2880, 2880, 4, 1, Family::Stream),
             (2880, 2880, 4, 8, Family::Stream),
             (2880, 2880, 4, 64, Family::Stream),
