@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Next session's first GPU call (written in session 26, whose device starts all failed: nothing
-# of its kernels has run on a GPU). Carry target/release/libmoeplug.so, target/release/moeplug,
+# Session 27's first GPU call (written in session 26, whose device starts all failed; it ran
+# on the H100 in session 27: bench/NOTES.md, call 47). Carry target/release/libmoeplug.so, target/release/moeplug,
 # .peers and target/base/libmoeplug.so (built from e8a1a0e, session 25's final commit: git
 # worktree add /tmp/base e8a1a0e && cd /tmp/base && cargo build --release, then copy its
 # target/release/libmoeplug.so to target/base/ here). In order:

@@ -256,6 +256,11 @@ pub fn stream_ahead_max(spec: &KernelSpec) -> u32 {
     }
 }
 
+/// The stream family's sorted rows per tile: the preference or the default.
+fn stream_bm() -> u32 {
+    STREAM_BM_PREFERENCE.unwrap_or(STREAM_TILE_ROWS[0])
+}
+
 /// The weight steps in flight per warp that this stream configuration runs: the preference or
 /// the default, within [`stream_ahead_max`].
 fn stream_ahead(spec: &KernelSpec) -> u32 {
@@ -711,7 +716,7 @@ pub fn spec_for(
     spec.fused_combine = fused_combine(arch, family);
     if family == Family::Stream {
         let l = &launch.config.layout;
-        spec.stream_bm = STREAM_BM_PREFERENCE.unwrap_or(STREAM_TILE_ROWS[0]);
+        spec.stream_bm = stream_bm();
         let steps = |k: usize| k.div_ceil(4 * pack_values(spec.weight_format));
         let tiles = expected_tiles(shape.m, shape.topk, l.num_experts, spec.stream_bm as usize);
         spec.split_k = [
@@ -1055,7 +1060,7 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
         return Family::Fp32;
     }
     let spec = KernelSpec {
-        stream_bm: STREAM_BM_PREFERENCE.unwrap_or(STREAM_TILE_ROWS[0]),
+        stream_bm: stream_bm(),
         ..KernelSpec::for_launch(launch, Family::Stream)
     };
     let stream_ok = stream_unsupported(sm, &spec, launch).is_none();
@@ -1067,13 +1072,11 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
         Some(f @ (Family::Tile32 | Family::Fp32)) => return f,
         _ => {}
     }
-    let experts = launch.config.layout.num_experts.max(1);
+    let l = &launch.config.layout;
+    let experts = l.num_experts.max(1);
     let pairs_per_expert = (shape.m * shape.topk).div_ceil(experts);
-    let sixteen_bit = matches!(
-        launch.config.layout.weight_format,
-        WeightFormat::Bf16 | WeightFormat::Fp16
-    );
-    let wgmma_min = match launch.config.layout.weight_format {
+    let sixteen_bit = matches!(l.weight_format, WeightFormat::Bf16 | WeightFormat::Fp16);
+    let wgmma_min = match l.weight_format {
         WeightFormat::Mxfp4 => WGMMA_MIN_PAIRS_PER_EXPERT_MXFP4,
         WeightFormat::Fp8Block128 => WGMMA_MIN_PAIRS_PER_EXPERT_FP8_BLOCK,
         _ if sixteen_bit => WGMMA_MIN_PAIRS_PER_EXPERT_16BIT,
@@ -1082,10 +1085,9 @@ pub fn choose(arch: &str, launch: &MoeLaunch, shape: &LaunchShape) -> Family {
     // The decode rule only where the minimum above is 4 pairs (64-row tiles measured there);
     // evaluated only when the pair count does not already decide.
     let streams_faster = || {
-        (sixteen_bit || launch.config.layout.weight_format == WeightFormat::Fp8Block128)
+        (sixteen_bit || l.weight_format == WeightFormat::Fp8Block128)
             && wgmma_streams_decode_faster(launch, shape)
     };
-    let l = &launch.config.layout;
     let long_k_stream = stream_ok
         && sixteen_bit
         && stream_ahead(&spec) == 2
