@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# Next session's first GPU call (session 27 ran out of device time before a kit on its last
-# rule). Carry target/release/libmoeplug.so, target/release/moeplug and .peers. In order:
-#  1. the long-K stream rule, two rounds: [0] this tree (gpt-oss bf16 M = 8-256 on the stream
-#     family with two weight steps in flight) against [1] the wgmma family it replaced;
-#     predicted 0.95-0.97x (call 48's one round);
-#  2. memcheck over 16-bit stream launches (the suite's gpt-oss shape is MXFP4; the kit checks
-#     gpt-oss bf16 on the stream family against float64), beside the whole GPU suite;
-#  3. the kit (predicted gpt-oss bf16 M = 8 / 64 / 256 at ~1.00 / 0.99 / 1.00, call 47's
-#     1.05 / 1.03 / 1.03; the other rows as call 47).
+# Session 28's first GPU call. Carry target/release/libmoeplug.so, target/release/moeplug,
+# .peers, target/base/libmoeplug.so (main at 96716f8, session 27's final commit) and
+# target/pp1/libmoeplug.so (this tree built with SW_PINGPONG 1). In order:
+#  1. A/B at M = 1-256, two rounds: [0] the base; [1] this tree (the stream K loop without
+#     load predicates outside a walk's last step: ~4.5 % fewer instructions per MXFP4 step,
+#     SASS); [2] + the one-ahead loop unrolled by two so that its register sets are not
+#     copied (~9 % fewer; it spills in some configurations, so it is not the default yet).
+#     Predicted: MXFP4 M = 8-256 [1] 0.96-0.98x, [2] 0.93-0.97x; fp8 stream points
+#     0.97-1.00x; 16-bit 0.98-1.00x;
+#  2. memcheck over stream launches (MXFP4 and 16-bit, the expert mask), beside the whole GPU
+#     suite;
+#  3. the kit on this tree, which also measures session 27's long-K stream rule (predicted:
+#     gpt-oss bf16 M = 8 / 64 / 256 at ~1.00 / 0.99 / 1.00; MXFP4 M = 8-256 0.02-0.04 below
+#     call 47's 1.04 / 1.05 / 1.14).
 source "$(dirname "$0")/dev_common.sh"
-ROUNDS=2 AB_TIMEOUT=90 OUT=/tmp/ab1 bash bench/ab.sh "" "MOEPLUG_GPU_FAMILY=wgmma" \
-  -- --cases gptoss_bf16 --ms 8,64,256 2>&1 | tail -5 | tee -a "$sum"
+ROUNDS=2 AB_TIMEOUT=110 OUT=/tmp/ab1 bash bench/ab.sh "MOEPLUG_LIBRARY=$PWD/target/base/libmoeplug.so" "" \
+  "MOEPLUG_LIBRARY=$PWD/target/pp1/libmoeplug.so" \
+  -- --cases gptoss_mxfp4,gptoss_bf16,qwen3_fp8blk --ms 1,8,64,256 2>&1 \
+  | tail -16 | tee -a "$sum"
 stamp ab | tee -a "$sum"
-san mem_stream memcheck SAN_SELECT='test_formats_x_act_dtypes\[.*bf16-bf16|test_deterministic\[.*bf16|test_expert_mask' SAN_TIMEOUT=150
+san mem_stream memcheck SAN_SELECT='test_formats_x_act_dtypes\[.*(bf16-bf16|mxfp4-bf16)|test_deterministic\[.*(bf16|mxfp4)|test_expert_mask|test_real_shapes\[gpt-oss-120b-(1|7)\]' SAN_TIMEOUT=170
 SUITE_TIMEOUT=200 suite_summary
 report sanitizer
 rm -rf "$OUT"/mem_stream
