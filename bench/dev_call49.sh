@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 28's first GPU call. Carry target/release/libmoeplug.so, target/release/moeplug,
+# Session 28's first GPU call; it ran as call 49 (bench/NOTES.md) against the stream loop change
+# that it refuted and that was reverted, so on today's tree [1] is the base again. Carry target/release/libmoeplug.so, target/release/moeplug,
 # .peers, target/base/libmoeplug.so (main at 96716f8, session 27's final commit) and
 # target/pp1/libmoeplug.so (this tree built with SW_PINGPONG 1). In order:
 #  1. A/B at M = 1-256, two rounds: [0] the base; [1] this tree (the stream K loop without

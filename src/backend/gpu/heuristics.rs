@@ -275,6 +275,7 @@ fn stream_ahead(spec: &KernelSpec) -> u32 {
 /// experts). Measured on the H100 (bench/NOTES.md, session 27, one round): gpt-oss bf16 (K 2880
 /// and 2880) 0.954x / 0.963x / 0.973x wgmma's time at M = 8 / 64 / 256 (1, 2, 8 pairs per
 /// expert); Qwen3 bf16 (K 2048 and 768) 1.027x / 1.038x / 1.206x at M = 8 / 64 / 256 (2, 4, 16).
+/// The kit then put gpt-oss bf16 at 0.98 / 1.00 / 1.00x the peer's time there (session 28).
 pub const STREAM_LONG_K_MIN: usize = 2048;
 /// See [`STREAM_LONG_K_MIN`]: the most pairs per expert measured to win.
 pub const STREAM_LONG_K_MAX_PAIRS: usize = 8;
@@ -1235,6 +1236,18 @@ mod tests {
         assert_eq!(rows(&mx, 4096, 4, 128), (128, 256));
     }
 
+    /// The shape of [`model_launch`]'s launch `l`: `m` tokens, `topk` experts each, hidden
+    /// size `h` in and out.
+    fn model_shape(l: &MoeLaunch, m: usize, topk: usize, h: usize) -> LaunchShape {
+        LaunchShape {
+            m,
+            topk,
+            hidden_cols: h,
+            output_cols: h,
+            weight_elem: l.w13.elem,
+        }
+    }
+
     /// A launch of `m` tokens over the kit's MoE shapes (never dereferenced: the heuristics
     /// read types, shapes and alignment).
     fn model_launch(
@@ -1329,13 +1342,7 @@ mod tests {
         ];
         for (format, experts, h, i, topk, m, want) in cases {
             let l = model_launch(format, experts, h, i, m);
-            let shape = LaunchShape {
-                m,
-                topk,
-                hidden_cols: h,
-                output_cols: h,
-                weight_elem: l.w13.elem,
-            };
+            let shape = model_shape(&l, m, topk, h);
             assert_eq!(
                 choose("sm_90", &l, &shape),
                 want,
@@ -1363,13 +1370,7 @@ mod tests {
         ];
         for (h, i, topk, m, want) in cases {
             let l = model_launch(WeightFormat::Bf16, 128, h, i, m);
-            let shape = LaunchShape {
-                m,
-                topk,
-                hidden_cols: h,
-                output_cols: h,
-                weight_elem: l.w13.elem,
-            };
+            let shape = model_shape(&l, m, topk, h);
             assert_eq!(choose("sm_90", &l, &shape), want, "H={h} I={i} M={m}");
         }
     }
