@@ -201,6 +201,56 @@ __device__ void sw_quantize_tile(const Params& p, const int* s_row) {
 }
 #endif
 
+// SW_XSHARED (-D, spec::KernelSpec::stream_x_shared): MXFP4's K loop reads the tile's bf16
+// activation rows from dynamic shared memory, copied there once per block, instead of from
+// the L1 / L2 in each step (four 16-byte loads per lane, step and column tile, consumed in the
+// step they are issued: the registers of a set loaded a step ahead would not fit two blocks
+// per SM). Row t of the tile at t * stride (the launch's size / BM, spec::stream_x_shared_bytes:
+// a multiple of 256 covering every step's packs), zeros past K and in padding rows.
+#ifndef SW_XSHARED
+#define SW_XSHARED 0
+#endif
+#if SW_XSHARED && (WFMT != WF_MXFP4 || BM != 16 || ACT_Q)
+#error "SW_XSHARED: MXFP4 weights with 16-bit activations in 16-row tiles"
+#endif
+#if SW_XSHARED
+// The block's dynamic shared memory in bytes, as launched.
+__device__ __forceinline__ u32 sw_dynamic_shared_bytes() {
+#ifdef MP_HOST
+  return emu_dyn_bytes;
+#else
+  u32 n;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+  return n;
+#endif
+}
+// 16 bytes at shared-memory address a (a 32-bit address, so that the base of the block's
+// rows stays in a register: through a generic pointer ptxas rebuilt the shared window's
+// address at each load, 4 instructions, SASS).
+__device__ __forceinline__ uint4 sw_lds16(u32 a) {
+#ifdef MP_HOST
+  return *(const uint4*)emu_shared_ptr(a, 16);
+#else
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+#endif
+}
+__device__ __forceinline__ u32 sw_shared_addr(const void* p) {
+#ifdef MP_HOST
+  return emu_shared_addr(p);
+#else
+  return (u32)__cvta_generic_to_shared(p);
+#endif
+}
+// The XOR of 16-byte chunk i's offset (bits 4-5) within 64-byte pack c of row t: the 8 lanes
+// of a quarter warp (rows t, t + 1; packs c .. c + 3) then read 8 different 16-byte bank
+// groups (bit 6 = c & 1, bits 4-5 = i ^ this), where the plain layout is 4-way conflicted.
+__device__ __forceinline__ u32 sw_x_swizzle(int t, int c) {
+  return (u32)(((c >> 1) & 1) | ((t & 1) << 1)) << 4;
+}
+#endif
+
 // Quantized activations of sorted row t (pair q): the codes (K per row) and the scales,
 // moe_quant1's / moe_quant2's rows in global memory, or the block's own (FUSED_QUANT2).
 template <bool S1>
@@ -218,6 +268,12 @@ __device__ __forceinline__ const float* sw_act_scales(const Params& p, int t, in
 #endif
   (void)t;
   return (const float*)(S1 ? p.xs : p.as) + (i64)(S1 ? q / p.topk : q) * (S1 ? p.ng1 : p.ng2);
+}
+
+// The 16-bit activations of pair q: its token's input row (stage 1) or its intermediate row.
+template <bool S1>
+__device__ __forceinline__ const u8* sw_x_row(const Params& p, int q) {
+  return S1 ? (const u8*)p.x + (i64)(q / p.topk) * p.x_cols * 2 : (const u8*)p.inter + (i64)q * p.I * 2;
 }
 
 // Stage 1 (S1) or stage 2; GATED: stage 1 of a gated activation (gate and up tiles).
@@ -336,8 +392,7 @@ __device__ void moe_gemm_stream(const Params& p) {
 #if ACT_Q
       xrow[j] = sw_act_codes<S1>(p, 8 * j + gid, q, K);
 #else
-      i64 r = S1 ? q / p.topk : q;
-      xrow[j] = S1 ? (const u8*)p.x + r * p.x_cols * 2 : (const u8*)p.inter + r * p.I * 2;
+      xrow[j] = sw_x_row<S1>(p, q);
 #endif
     }
   }
@@ -351,6 +406,52 @@ __device__ void moe_gemm_stream(const Params& p) {
       ascale[j][c] = nullptr;
       if (q >= 0) ascale[j][c] = sw_act_scales<S1>(p, 8 * j + 2 * tig + c, q);
     }
+#endif
+
+#if SW_XSHARED
+  // The tile's rows 0 .. 8 nsub - 1 into shared memory, each thread 8 chunks at a time (all
+  // its loads in flight before its stores), while the warp's first weight lines come into the L2.
+  extern __shared__ __align__(128) u8 sw_xs[];
+  const u32 xstride = sw_dynamic_shared_bytes() / BM;
+  if (xstride < (u32)nsteps * 256u || xstride % 128u) {  // the host sizes it: a library bug
+#ifdef MP_HOST
+    emu_fail("SW_XSHARED: the launch's shared memory is short of the rows", xstride);
+#else
+    __trap();
+#endif
+  }
+  {
+    int c = kw * 4 + tig;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (kw < nsteps && c < nchunks && tile_ok[t]) sw_prefetch_line(wrow[t][h] + (i64)c * 256);
+    const int chunks = (int)(xstride >> 4), kchunks = K >> 3, total = nsub * 8 * chunks;
+    for (int base = tid; base < total; base += THREADS * 8) {
+      uint4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        int idx = base + u * THREADS, t = idx / chunks, n = idx - t * chunks;
+        int q = idx < total ? s_row[t] : -1;
+        v[u] = q >= 0 && n < kchunks ? *(const uint4*)(sw_x_row<S1>(p, q) + (i64)n * 16)
+                                     : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        int idx = base + u * THREADS, t = idx / chunks, n = idx - t * chunks;
+        if (idx < total)
+          *(uint4*)(sw_xs + t * xstride + (n >> 2) * 64 + (((n & 3) << 4) ^ sw_x_swizzle(t, n >> 2))) =
+              v[u];
+      }
+    }
+  }
+  __syncthreads();
+  // This lane's rows 8 j + gid, and its packs' swizzle (c = 4 st + tig, so c's bit 1 is tig's).
+  const u32 xsw = sw_x_swizzle(gid, tig);
+  u32 xsrow[SW_SUBS];
+#pragma unroll
+  for (int j = 0; j < SW_SUBS; ++j) xsrow[j] = sw_shared_addr(sw_xs) + (8 * j + gid) * xstride;
 #endif
 
   float acc[2][SW_SUBS][4];
@@ -401,7 +502,7 @@ __device__ void moe_gemm_stream(const Params& p) {
       for (int j = 0; j < SW_SUBS; ++j)
         l.x[j] = live && j < nsub && xrow[j] ? *(const uint4*)(xrow[j] + (i64)c * 16)
                                              : make_uint4(0u, 0u, 0u, 0u);
-#elif SW_PF > 0
+#elif SW_PF > 0 && !SW_XSHARED
       // MXFP4's activations stay out of the registers until their step: their line into the
       // L1 now, a step ahead (lanes tig, tig ^ 1 share one 128-byte line).
 #pragma unroll
@@ -564,9 +665,14 @@ __device__ void moe_gemm_stream(const Params& p) {
           uint4 xv[SW_SUBS];
 #pragma unroll
           for (int j = 0; j < SW_SUBS; ++j)
+#if SW_XSHARED
+            xv[j] = j < nsub ? sw_lds16(xsrow[j] + c * 64 + ((i << 4) ^ xsw))
+                             : make_uint4(0u, 0u, 0u, 0u);
+#else
             xv[j] = live && j < nsub && xrow[j]
                         ? *(const uint4*)(xrow[j] + (i64)c * 64 + i * 16)
                         : make_uint4(0u, 0u, 0u, 0u);
+#endif
 #pragma unroll
           for (int s2 = 0; s2 < 2; ++s2) {  // MMA step: code pairs P = 2 s2, 2 s2 + 1
             u32 a[2][2][2];  // [tile][half][pair]

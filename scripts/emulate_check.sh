@@ -81,6 +81,17 @@ if [ "$target" = cuda ]; then
   done
 fi
 
+# The stream kernels' staged activation rows (SW_XSHARED) likewise.
+if [ "$target" = cuda ]; then
+  f=moe_gemm_stream.cuh
+  sed -i 's/extern __shared__ __align__(128) u8 sw_xs\[\];/u8* const sw_xs = emu_dyn_shared;/' \
+    "$work/src/$f"
+  if grep -q 'extern __shared__' "$work/src/$f" || ! grep -q emu_dyn_shared "$work/src/$f"; then
+    echo "emulate_check: the stream kernels' shared array not rewritten in $f" >&2
+    exit 1
+  fi
+fi
+
 build() {  # out arch defines...
   local out=$1 arch=$2 mode
   shift 2

@@ -67,6 +67,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 stream_bm: STREAM_TILE_ROWS[0], // the default; 32 below
                                 stream_prefetch: StreamPrefetch::Off, // the default; others below
                                 stream_ahead: 1,                // MXFP4 and fp8's; two steps below
+                                stream_x_shared: false,         // the default; staged below
                                 pdl: Pdl::Off,                  // sm_90's default below
                                 // both tile heights and widths meet every format
                                 wgmma_n: [128, 256][chosen % 2],
@@ -149,6 +150,16 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(ahead);
+                                // The activation rows in shared memory
+                                // (MOEPLUG_STREAM_X_SHARED=1): that variant of every stream
+                                // configuration that takes it.
+                                let staged = (family == Family::Stream)
+                                    .then(|| KernelSpec {
+                                        stream_x_shared: true,
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(staged);
                                 // MOEPLUG_WGMMA_GROUP (the grouped work order, an opt-in):
                                 // that variant of every other wgmma configuration, in groups
                                 // of 3 tiles, so that the host emulation's 5-7 tiles make a

@@ -269,6 +269,41 @@ fn stream_ahead(spec: &KernelSpec) -> u32 {
         .min(stream_ahead_max(spec))
 }
 
+/// `MOEPLUG_STREAM_X_SHARED=0|1`: whether the stream family's MXFP4 K loop reads the tile's
+/// activation rows from shared memory (`SW_XSHARED`, an A/B switch; where
+/// [`stream_x_shared_unsupported`] allows it).
+static STREAM_X_SHARED_PREFERENCE: Lazy<Option<bool>> =
+    Lazy::new(|| env_choice("MOEPLUG_STREAM_X_SHARED").map(|v| v != 0));
+/// Off until measured against the rows read from the L1 / L2 in each step.
+const STREAM_X_SHARED_DEFAULT: bool = false;
+/// The most shared memory the staged rows may take per block: two blocks per SM (the stream
+/// family's occupancy) with their static 18.5 KiB within sm_90's 228 KiB. gpt-oss's
+/// K = 2880 takes 92 KiB.
+pub const STREAM_X_SHARED_MAX: usize = 94 * 1024;
+
+/// Why this stream configuration cannot stage its activation rows in shared memory, or None.
+fn stream_x_shared_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str> {
+    if spec.weight_format != WeightFormat::Mxfp4 || spec.act_dtype.is_quantized() {
+        return Some("activation rows in shared memory: MXFP4 weights, 16-bit activations");
+    }
+    if spec.stream_bm != 16 || sm < 90 {
+        return Some("activation rows in shared memory: 16-row tiles on sm_90 (two blocks per SM)");
+    }
+    None
+}
+
+/// Whether this stream launch stages its activation rows: the preference or the default,
+/// where supported and the longer K's rows fit [`STREAM_X_SHARED_MAX`].
+fn stream_x_shared(sm: Option<u32>, spec: &KernelSpec, k_max: usize) -> bool {
+    let on = KernelSpec {
+        stream_x_shared: true,
+        ..spec.clone()
+    };
+    STREAM_X_SHARED_PREFERENCE.unwrap_or(STREAM_X_SHARED_DEFAULT)
+        && sm.is_some_and(|sm| stream_x_shared_unsupported(sm, &on).is_none())
+        && on.stream_x_shared_bytes(k_max) <= STREAM_X_SHARED_MAX
+}
+
 /// Where the stream family with two 16-bit weight steps in flight beats the wgmma family at
 /// decode: both GEMMs' K at least this long (each warp's K walk long against its block's fixed
 /// cost) and at most [`STREAM_LONG_K_MAX_PAIRS`] pairs per expert (one 16-row tile for most
@@ -458,6 +493,9 @@ pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
     }
     if spec.pdl.on() && sm < PDL_MIN_SM {
         return Some("programmatic dependent launch needs sm_90");
+    }
+    if let Some(why) = stream_x_shared_unsupported(sm, spec).filter(|_| spec.stream_x_shared) {
+        return Some(why);
     }
     if spec.pdl != spec.pdl.for_family(Family::Stream) {
         return Some("no early weight reads before the wait (Pdl::Early)");
@@ -744,6 +782,7 @@ pub fn spec_for(
         let sm = sm_version(arch);
         spec.stream_prefetch = sm.map_or(prefetch, |sm| prefetch.on(sm));
         spec.stream_ahead = stream_ahead(&spec);
+        spec.stream_x_shared = stream_x_shared(sm, &spec, l.hidden_size.max(l.intermediate_size));
     }
     if matches!(family, Family::Stream | Family::Wgmma)
         && sm_version(arch).is_some_and(|sm| sm >= PDL_MIN_SM)

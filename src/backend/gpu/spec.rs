@@ -227,6 +227,10 @@ pub struct KernelSpec {
     /// 2 holds a third register set, 16-bit weights in 16-row tiles only:
     /// heuristics::stream_ahead_max). Unused by the others.
     pub stream_ahead: u32,
+    /// Stream family, MXFP4: the K loop reads the tile's activation rows from dynamic shared
+    /// memory, copied there once per block (`SW_XSHARED`; [`Self::stream_x_shared_bytes`]).
+    /// Unused by the others.
+    pub stream_x_shared: bool,
     /// Stream and wgmma families, sm_90: programmatic dependent launch ([`Pdl`]).
     pub pdl: Pdl,
     /// Wgmma family: weight rows per warpgroup MMA (`WG_N`, 128 or 256; with `wgmma_rs` the
@@ -306,6 +310,7 @@ impl KernelSpec {
             stream_bm: 16,
             stream_prefetch: StreamPrefetch::Off,
             stream_ahead: 1,
+            stream_x_shared: false,
             pdl: Pdl::Off,
             wgmma_n: 128,
             wgmma_bm: 128,
@@ -513,6 +518,17 @@ impl KernelSpec {
         }
     }
 
+    /// Stream family with `stream_x_shared`: the dynamic shared memory of a GEMM block whose K
+    /// is `k` (H in stage 1, I in stage 2), the tile's rows of bf16 activations, each padded
+    /// to whole steps of 128 K (256 bytes: the kernel reads every step's packs), else 0.
+    pub fn stream_x_shared_bytes(&self, k: usize) -> usize {
+        if self.family == Family::Stream && self.stream_x_shared {
+            self.tile_rows() * (2 * k).next_multiple_of(256)
+        } else {
+            0
+        }
+    }
+
     /// The NVRTC architecture for `arch` ("sm_90"): the wgmma family needs the sm_90a target.
     pub fn compile_arch(&self, arch: &str) -> String {
         match self.family {
@@ -597,6 +613,7 @@ impl KernelSpec {
             d.push(format!("SW_PF={steps}"));
             d.push(format!("SW_PF_TILE={}", b(tile)));
             d.push(format!("SW_AHEAD={}", self.stream_ahead));
+            d.push(format!("SW_XSHARED={}", b(self.stream_x_shared)));
             d.push(format!("FUSED_QUANT2={}", b(self.fused_quant2)));
         }
         if matches!(self.family, Family::Stream | Family::Wgmma) {
