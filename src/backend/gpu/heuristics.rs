@@ -292,15 +292,14 @@ fn stream_x_shared_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
     None
 }
 
-/// Whether this stream launch stages its activation rows: the preference or the default,
-/// where supported and the longer K's rows fit [`STREAM_X_SHARED_MAX`].
-fn stream_x_shared(sm: Option<u32>, spec: &KernelSpec, k_max: usize) -> bool {
+/// Whether this stream launch stages its activation rows (`want`: the preference or the
+/// default): where supported and the longer K's rows fit [`STREAM_X_SHARED_MAX`].
+fn stream_x_shared(want: bool, sm: Option<u32>, spec: &KernelSpec, k_max: usize) -> bool {
     let on = KernelSpec {
         stream_x_shared: true,
         ..spec.clone()
     };
-    STREAM_X_SHARED_PREFERENCE.unwrap_or(STREAM_X_SHARED_DEFAULT)
-        && sm.is_some_and(|sm| stream_x_shared_unsupported(sm, &on).is_none())
+    want && sm.is_some_and(|sm| stream_x_shared_unsupported(sm, &on).is_none())
         && on.stream_x_shared_bytes(k_max) <= STREAM_X_SHARED_MAX
 }
 
@@ -782,7 +781,9 @@ pub fn spec_for(
         let sm = sm_version(arch);
         spec.stream_prefetch = sm.map_or(prefetch, |sm| prefetch.on(sm));
         spec.stream_ahead = stream_ahead(&spec);
-        spec.stream_x_shared = stream_x_shared(sm, &spec, l.hidden_size.max(l.intermediate_size));
+        let want = STREAM_X_SHARED_PREFERENCE.unwrap_or(STREAM_X_SHARED_DEFAULT);
+        let k_max = l.hidden_size.max(l.intermediate_size);
+        spec.stream_x_shared = stream_x_shared(want, sm, &spec, k_max);
     }
     if matches!(family, Family::Stream | Family::Wgmma)
         && sm_version(arch).is_some_and(|sm| sm >= PDL_MIN_SM)
@@ -1790,6 +1791,44 @@ mod tests {
             ..stream_mx.clone()
         };
         assert_eq!(stream_spec_unsupported(90, &mx), refused);
+    }
+
+    #[test]
+    fn stream_x_shared_is_mxfp4_on_sm_90_where_the_rows_fit() {
+        use super::super::compile_check::selectable_specs;
+        let on90 = selectable_specs(90);
+        let staged: Vec<&KernelSpec> = on90.iter().filter(|s| s.stream_x_shared).collect();
+        assert!(!staged.is_empty(), "a staged stream configuration on sm_90");
+        for s in &staged {
+            assert_eq!(
+                (s.family, s.weight_format),
+                (Family::Stream, WeightFormat::Mxfp4)
+            );
+            assert!(s.stream_bm == 16 && !s.act_dtype.is_quantized(), "{s:?}");
+        }
+        assert!(selectable_specs(80).iter().all(|s| !s.stream_x_shared));
+        let off = KernelSpec {
+            stream_x_shared: false,
+            ..staged[0].clone()
+        };
+        // gpt-oss's K = 2880: 16 rows of 23 steps of 256 bytes (92 KiB), within the cap; 3072
+        // takes 96 KiB, past it.
+        assert_eq!(staged[0].stream_x_shared_bytes(2880), 16 * 23 * 256);
+        assert_eq!(off.stream_x_shared_bytes(2880), 0);
+        assert!(stream_x_shared(true, Some(90), &off, 2880));
+        assert!(!stream_x_shared(true, Some(90), &off, 3072));
+        assert!(!stream_x_shared(false, Some(90), &off, 2880));
+        assert!(!stream_x_shared(true, Some(89), &off, 2880));
+        let fp8 = on90
+            .iter()
+            .find(|s| s.family == Family::Stream && s.act_dtype.is_quantized())
+            .expect("an fp8 stream configuration");
+        assert!(!stream_x_shared(true, Some(90), fp8, 1024));
+        let staged_fp8 = KernelSpec {
+            stream_x_shared: true,
+            ..fp8.clone()
+        };
+        assert!(stream_spec_unsupported(90, &staged_fp8).is_some());
     }
 
     #[test]
