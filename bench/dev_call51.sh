@@ -8,21 +8,21 @@
 #     Predicted: [1] 0.95-0.98 at M = 64 / 256 if the activation loads carry the stalls, ~1.0
 #     at M = 1 / 8 (few blocks per expert, short walks: the copy is not hidden), and ~1.0
 #     everywhere if the weights carry them;
-#  2. one round, gpt-oss MXFP4 M = 256 / 512: [0] as chosen (stream) against [1] the wgmma
+#  2. the MXFP4 GPU tests with X_SHARED=1 (every stream MXFP4 launch on sm_90 stages its rows);
+#  3. the kit with X_SHARED=1 (the candidate; [1] of step 1 gives its delta);
+#  4. one round, gpt-oss MXFP4 M = 256 / 512: [0] as chosen (stream) against [1] the wgmma
 #     family. Predicted: [1] slower at both (~1.3x at 256, ~1.1x at 512);
-#  3. the MXFP4 GPU tests with X_SHARED=1 (every stream MXFP4 launch on sm_90 stages its rows);
-#  4. the kit with X_SHARED=1 (the candidate; [1] of step 1 gives its delta);
 #  5. where the gpt-oss MXFP4 stream step stalls (ncu source counters, stage 1, M = 256, as
 #     chosen): on the weight packs (loaded a step ahead from DRAM) or the activations?
 source "$(dirname "$0")/dev_common.sh"
 ROUNDS=2 AB_TIMEOUT=60 OUT=/tmp/ab1 bash bench/ab.sh "" "MOEPLUG_STREAM_X_SHARED=1" \
   -- --cases gptoss_mxfp4 --ms 1,8,64,256 2>&1 | tail -6 | tee -a "$sum"
 stamp ab_xshared | tee -a "$sum"
+MOEPLUG_STREAM_X_SHARED=1 SUITE_ARGS="-k mxfp4" SUITE_TIMEOUT=120 suite_summary
+MOEPLUG_STREAM_X_SHARED=1 KIT_TIMEOUT=170 kit_summary
 ROUNDS=1 AB_TIMEOUT=60 OUT=/tmp/ab2 bash bench/ab.sh "" "MOEPLUG_GPU_FAMILY=wgmma" \
   -- --cases gptoss_mxfp4 --ms 256,512 2>&1 | tail -4 | tee -a "$sum"
 stamp ab_wgmma | tee -a "$sum"
-MOEPLUG_STREAM_X_SHARED=1 SUITE_ARGS="-k mxfp4" SUITE_TIMEOUT=150 suite_summary
-MOEPLUG_STREAM_X_SHARED=1 KIT_TIMEOUT=170 kit_summary
 TOP=60 NCU_KERNEL=moe_stage1 bash bench/ncu_source.sh "gpt-oss-120b:mxfp4:256"
 mv "$OUT/ncu_source.txt" "$OUT/ncu_source_mxfp4_256.txt"
 stamp "ncu_source" | tee -a "$sum"
