@@ -214,6 +214,28 @@ __device__ void sw_quantize_tile(const Params& p, const int* s_row) {
 #error "SW_XSHARED: MXFP4 weights with 16-bit activations in 16-row tiles"
 #endif
 #if SW_XSHARED
+#ifdef MP_HOST
+#include "mma_sm90_host.cuh"  // the emulator's cp.async (scripts/emu)
+#endif
+// 16 bytes global -> shared at address dst, asynchronously; `bytes` 0 writes zeros (and reads
+// nothing).
+__device__ __forceinline__ void sw_cp_async16(u32 dst, const void* src, int bytes) {
+#ifdef MP_HOST
+  emu_cp_async(dst, src, bytes);
+#else
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+#endif
+}
+// This thread's cp.async copies have landed.
+__device__ __forceinline__ void sw_cp_async_wait_all() {
+#ifdef MP_HOST
+  emu_cp_commit();
+  emu_cp_wait(0);
+#else
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
 // The block's dynamic shared memory in bytes, as launched.
 __device__ __forceinline__ u32 sw_dynamic_shared_bytes() {
 #ifdef MP_HOST
@@ -409,8 +431,8 @@ __device__ void moe_gemm_stream(const Params& p) {
 #endif
 
 #if SW_XSHARED
-  // The tile's rows 0 .. 8 nsub - 1 into shared memory, each thread 8 chunks at a time (all
-  // its loads in flight before its stores), while the warp's first weight lines come into the L2.
+  // The tile's rows 0 .. 8 nsub - 1 into shared memory by cp.async (every copy in flight at
+  // once, no register held), while the warp's first weight lines come into the L2.
   extern __shared__ __align__(128) u8 sw_xs[];
   const u32 xstride = sw_dynamic_shared_bytes() / BM;
   if (xstride < (u32)nsteps * 256u || xstride % 128u) {  // the host sizes it: a library bug
@@ -427,24 +449,21 @@ __device__ void moe_gemm_stream(const Params& p) {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         if (kw < nsteps && c < nchunks && tile_ok[t]) sw_prefetch_line(wrow[t][h] + (i64)c * 256);
-    const int chunks = (int)(xstride >> 4), kchunks = K >> 3, total = nsub * 8 * chunks;
-    for (int base = tid; base < total; base += THREADS * 8) {
-      uint4 v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        int idx = base + u * THREADS, t = idx / chunks, n = idx - t * chunks;
-        int q = idx < total ? s_row[t] : -1;
-        v[u] = q >= 0 && n < kchunks ? *(const uint4*)(sw_x_row<S1>(p, q) + (i64)n * 16)
-                                     : make_uint4(0u, 0u, 0u, 0u);
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        int idx = base + u * THREADS, t = idx / chunks, n = idx - t * chunks;
-        if (idx < total)
-          *(uint4*)(sw_xs + t * xstride + (n >> 2) * 64 + (((n & 3) << 4) ^ sw_x_swizzle(t, n >> 2))) =
-              v[u];
-      }
+    // Chunk n of row t, thread tid's chunks tid, tid + THREADS, ... of the tile's rows in turn
+    // (a row holds more than THREADS chunks wherever K > 2048; else the inner loop wraps).
+    const int chunks = (int)(xstride >> 4), kchunks = K >> 3, rows = nsub * 8;
+    const u32 xs0 = sw_shared_addr(sw_xs);
+    int t = 0, n = tid;
+    while (n >= chunks) n -= chunks, ++t;
+    for (; t < rows;) {
+      int q = s_row[t];
+      bool real = q >= 0 && n < kchunks;
+      const u8* src = real ? sw_x_row<S1>(p, q) + (i64)n * 16 : (const u8*)p.x;
+      u32 dst = xs0 + t * xstride + (n >> 2) * 64 + (((n & 3) << 4) ^ sw_x_swizzle(t, n >> 2));
+      sw_cp_async16(dst, src, real ? 16 : 0);
+      for (n += THREADS; n >= chunks;) n -= chunks, ++t;
     }
+    sw_cp_async_wait_all();
   }
   __syncthreads();
   // This lane's rows 8 j + gid, and its packs' swizzle (c = 4 st + tig, so c's bit 1 is tig's).
