@@ -1,7 +1,8 @@
 // kernels/mma_sm90.cuh's instructions on the host, and the asynchronous shared-memory copies of
 // kernels/moe_gemm_wgmma.cuh and moe_gemm_stream.cuh (SW_XSHARED), for scripts/emulate_check.sh
 // cuda (included by mma_sm90.cuh and moe_gemm_stream.cuh under MP_HOST; gpu_emulator.h
-// provides the threads, the warpgroup barriers and the block's dynamic shared memory). Written from the PTX ISA, independently of the kernel's indexing:
+// provides the threads, the warpgroup barriers and the block's dynamic shared memory).
+// Written from the PTX ISA, independently of the kernel's indexing:
 //
 // wgmma.mma_async.sync.aligned.m64nNkK.f32.T.T d, a-desc, b-desc, scale-d, 1, 1[, 0, 0]
 //   D (64 x N, f32) = A (64 x K) * B (K x N) + (scale-d ? D : 0), both operands in shared
