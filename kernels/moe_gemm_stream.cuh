@@ -254,7 +254,9 @@ __device__ __forceinline__ uint4 sw_lds16(u32 a) {
   return *(const uint4*)emu_shared_ptr(a, 16);
 #else
   uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(a));
   return v;
 #endif
 }
@@ -295,7 +297,8 @@ __device__ __forceinline__ const float* sw_act_scales(const Params& p, int t, in
 // The 16-bit activations of pair q: its token's input row (stage 1) or its intermediate row.
 template <bool S1>
 __device__ __forceinline__ const u8* sw_x_row(const Params& p, int q) {
-  return S1 ? (const u8*)p.x + (i64)(q / p.topk) * p.x_cols * 2 : (const u8*)p.inter + (i64)q * p.I * 2;
+  return S1 ? (const u8*)p.x + (i64)(q / p.topk) * p.x_cols * 2
+            : (const u8*)p.inter + (i64)q * p.I * 2;
 }
 
 // Stage 1 (S1) or stage 2; GATED: stage 1 of a gated activation (gate and up tiles).
