@@ -293,13 +293,14 @@ fn stream_x_shared_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
 }
 
 /// Whether this stream launch stages its activation rows (`want`: the preference or the
-/// default): where supported and the longer K's rows fit [`STREAM_X_SHARED_MAX`].
+/// default): where both stages' modules support it (a separate stage-2 act dtype is checked
+/// too) and the longer K's rows fit [`STREAM_X_SHARED_MAX`].
 fn stream_x_shared(want: bool, sm: Option<u32>, spec: &KernelSpec, k_max: usize) -> bool {
     let on = KernelSpec {
         stream_x_shared: true,
         ..spec.clone()
     };
-    want && sm.is_some_and(|sm| stream_x_shared_unsupported(sm, &on).is_none())
+    want && sm.is_some_and(|sm| stream_spec_unsupported(sm, &on).is_none())
         && on.stream_x_shared_bytes(k_max) <= STREAM_X_SHARED_MAX
 }
 
