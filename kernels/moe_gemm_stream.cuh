@@ -29,6 +29,7 @@
 //   others apply in the epilogue.
 #pragma once
 #include "moe_common.cuh"
+#include "cp_async.cuh"
 #include "mma_sm80.cuh"
 #include "mx_bf16.cuh"
 
@@ -214,28 +215,6 @@ __device__ void sw_quantize_tile(const Params& p, const int* s_row) {
 #error "SW_XSHARED: MXFP4 weights with 16-bit activations in 16-row tiles"
 #endif
 #if SW_XSHARED
-#ifdef MP_HOST
-#include "mma_sm90_host.cuh"  // the emulator's cp.async (scripts/emu)
-#endif
-// 16 bytes global -> shared at address dst, asynchronously; `bytes` 0 writes zeros (and reads
-// nothing).
-__device__ __forceinline__ void sw_cp_async16(u32 dst, const void* src, int bytes) {
-#ifdef MP_HOST
-  emu_cp_async(dst, src, bytes);
-#else
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
-               : "memory");
-#endif
-}
-// This thread's cp.async copies have landed.
-__device__ __forceinline__ void sw_cp_async_wait_all() {
-#ifdef MP_HOST
-  emu_cp_commit();
-  emu_cp_wait(0);
-#else
-  asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
 // The block's dynamic shared memory in bytes, as launched.
 __device__ __forceinline__ u32 sw_dynamic_shared_bytes() {
 #ifdef MP_HOST
@@ -258,13 +237,6 @@ __device__ __forceinline__ uint4 sw_lds16(u32 a) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "r"(a));
   return v;
-#endif
-}
-__device__ __forceinline__ u32 sw_shared_addr(const void* p) {
-#ifdef MP_HOST
-  return emu_shared_addr(p);
-#else
-  return (u32)__cvta_generic_to_shared(p);
 #endif
 }
 // The XOR of 16-byte chunk i's offset (bits 4-5) within 64-byte pack c of row t: the 8 lanes
@@ -455,7 +427,7 @@ __device__ void moe_gemm_stream(const Params& p) {
     // Chunk n of row t, thread tid's chunks tid, tid + THREADS, ... of the tile's rows in turn
     // (a row holds more than THREADS chunks wherever K > 2048; else the inner loop wraps).
     const int chunks = (int)(xstride >> 4), kchunks = K >> 3, rows = nsub * 8;
-    const u32 xs0 = sw_shared_addr(sw_xs);
+    const u32 xs0 = smem_addr(sw_xs);
     int t = 0, n = tid;
     while (n >= chunks) n -= chunks, ++t;
     for (; t < rows;) {
@@ -463,17 +435,18 @@ __device__ void moe_gemm_stream(const Params& p) {
       bool real = q >= 0 && n < kchunks;
       const u8* src = real ? sw_x_row<S1>(p, q) + (i64)n * 16 : (const u8*)p.x;
       u32 dst = xs0 + t * xstride + (n >> 2) * 64 + (((n & 3) << 4) ^ sw_x_swizzle(t, n >> 2));
-      sw_cp_async16(dst, src, real ? 16 : 0);
+      cp_async16(dst, src, real ? 16 : 0);
       for (n += THREADS; n >= chunks;) n -= chunks, ++t;
     }
-    sw_cp_async_wait_all();
+    cp_async_commit();
+    cp_async_wait<0>();
   }
   __syncthreads();
   // This lane's rows 8 j + gid, and its packs' swizzle (c = 4 st + tig, so c's bit 1 is tig's).
   const u32 xsw = sw_x_swizzle(gid, tig);
   u32 xsrow[SW_SUBS];
 #pragma unroll
-  for (int j = 0; j < SW_SUBS; ++j) xsrow[j] = sw_shared_addr(sw_xs) + (8 * j + gid) * xstride;
+  for (int j = 0; j < SW_SUBS; ++j) xsrow[j] = smem_addr(sw_xs) + (8 * j + gid) * xstride;
 #endif
 
   float acc[2][SW_SUBS][4];

@@ -4,6 +4,7 @@
 #if BM != 64 && BM != 128
 #error "this family's thread mapping is written for 64- and 128-row tiles"
 #endif
+#include "cp_async.cuh"
 #include "mma_sm90.cuh"
 #include "mx_bf16.cuh"
 
@@ -162,61 +163,6 @@
 #error "WG_SMEM_BYTES does not hold the ring (and the decoded weight tiles)"
 #endif
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-#ifdef MP_HOST  // the emulator (scripts/emu): the block's emulated dynamic shared memory
-  return emu_shared_addr(p);
-#else
-  return (u32)__cvta_generic_to_shared(p);
-#endif
-}
-
-// 16 bytes global -> shared, asynchronously; `bytes` 0 fills the 16 bytes with zeros.
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {
-#ifdef MP_HOST
-  emu_cp_async(dst, src, bytes);  // scripts/emu/mma_sm90_host.cuh
-#else
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
-               : "memory");
-#endif
-}
-// cp_async16 with the zero fill as a predicate (the instruction's ignore-src operand): zeros
-// when `zero`, without a select of the byte count.
-__device__ __forceinline__ void cp_async16_or_zero(u32 dst, const void* src, bool zero) {
-#ifdef MP_HOST
-  emu_cp_async(dst, src, zero ? 0 : 16);
-#else
-  asm volatile(
-      "{\n.reg .pred z;\nsetp.ne.b32 z, %2, 0;\ncp.async.cg.shared.global [%0], [%1], 16, z;\n}"
-      ::"r"(dst), "l"(src), "r"((int)zero)
-      : "memory");
-#endif
-}
-// 4 bytes global -> shared (4-byte copies go through L1: .ca), zeros when `zero`.
-__device__ __forceinline__ void cp_async4_or_zero(u32 dst, const void* src, bool zero) {
-#ifdef MP_HOST
-  emu_cp_async_n(dst, src, 4, zero ? 0 : 4);
-#else
-  asm volatile(
-      "{\n.reg .pred z;\nsetp.ne.b32 z, %2, 0;\ncp.async.ca.shared.global [%0], [%1], 4, z;\n}"
-      ::"r"(dst), "l"(src), "r"((int)zero)
-      : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#ifdef MP_HOST
-  emu_cp_commit();
-#else
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#ifdef MP_HOST
-  emu_cp_wait(N);
-#else
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
 // cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() {
 #ifdef MP_HOST

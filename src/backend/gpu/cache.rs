@@ -20,7 +20,7 @@ pub const PORT_HEADER: &str = include_str!("../../../kernels/moeplug_port.h");
 pub const FUSED_MOE_SOURCE: &str = include_str!("../../../kernels/fused_moe.cu");
 pub const PREP_SOURCE: &str = include_str!("../../../kernels/prep.cu");
 /// Every header a kernel source may include, by the name it is included as.
-pub const KERNEL_HEADERS: [(&str, &str); 12] = [
+pub const KERNEL_HEADERS: [(&str, &str); 13] = [
     ("moeplug_port.h", PORT_HEADER),
     (
         "moe_common.cuh",
@@ -39,6 +39,10 @@ pub const KERNEL_HEADERS: [(&str, &str); 12] = [
         include_str!("../../../kernels/moe_gemm_tile32.cuh"),
     ),
     ("mx_bf16.cuh", include_str!("../../../kernels/mx_bf16.cuh")),
+    (
+        "cp_async.cuh",
+        include_str!("../../../kernels/cp_async.cuh"),
+    ),
     (
         "moe_gemm_wgmma_swap.cuh",
         include_str!("../../../kernels/moe_gemm_wgmma_swap.cuh"),
