@@ -365,16 +365,20 @@ __device__ void moe_gemm_stream(const Params& p) {
 #pragma unroll
   for (int j = 2; j < SW_PF; ++j) prefetch(kw + j * KW);
 #endif
-#if FUSED_QUANT2
-  if constexpr (!S1) {
-    // The lines of the warp's first weight step into the L2 while the tile's rows are
-    // quantized (the K loop's first loads then wait on the L2, not on HBM).
+  // The lines of the warp's first weight step into the L2, while the block prepares its
+  // tile's rows (the K loop's first loads then wait on the L2, not on HBM).
+  auto prefetch_first_step = [&]() {
     int c = kw * 4 + tig;
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         if (kw < nsteps && c < nchunks && tile_ok[t]) sw_prefetch_line(wrow[t][h] + (i64)c * 256);
+  };
+  (void)prefetch_first_step;
+#if FUSED_QUANT2
+  if constexpr (!S1) {
+    prefetch_first_step();  // while the tile's rows are quantized
     sw_quantize_tile(p, s_row);
   }
 #endif
@@ -417,17 +421,12 @@ __device__ void moe_gemm_stream(const Params& p) {
     __trap();
 #endif
   }
+  const u32 xs0 = smem_addr(sw_xs);
   {
-    int c = kw * 4 + tig;
-#pragma unroll
-    for (int t = 0; t < 2; ++t)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (kw < nsteps && c < nchunks && tile_ok[t]) sw_prefetch_line(wrow[t][h] + (i64)c * 256);
+    prefetch_first_step();
     // Chunk n of row t, thread tid's chunks tid, tid + THREADS, ... of the tile's rows in turn
     // (a row holds more than THREADS chunks wherever K > 2048; else the inner loop wraps).
     const int chunks = (int)(xstride >> 4), kchunks = K >> 3, rows = nsub * 8;
-    const u32 xs0 = smem_addr(sw_xs);
     int t = 0, n = tid;
     while (n >= chunks) n -= chunks, ++t;
     for (; t < rows;) {
@@ -446,7 +445,7 @@ __device__ void moe_gemm_stream(const Params& p) {
   const u32 xsw = sw_x_swizzle(gid, tig);
   u32 xsrow[SW_SUBS];
 #pragma unroll
-  for (int j = 0; j < SW_SUBS; ++j) xsrow[j] = smem_addr(sw_xs) + (8 * j + gid) * xstride;
+  for (int j = 0; j < SW_SUBS; ++j) xsrow[j] = xs0 + (8 * j + gid) * xstride;
 #endif
 
   float acc[2][SW_SUBS][4];
