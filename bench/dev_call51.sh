@@ -15,14 +15,8 @@
 #  5. where the gpt-oss MXFP4 stream step stalls (ncu source counters, stage 1, M = 256, as
 #     chosen): on the weight packs (loaded a step ahead from DRAM) or the activations?
 source "$(dirname "$0")/dev_common.sh"
-ROUNDS=2 AB_TIMEOUT=60 OUT=/tmp/ab1 bash bench/ab.sh "" "MOEPLUG_STREAM_X_SHARED=1" \
-  -- --cases gptoss_mxfp4 --ms 1,8,64,256 2>&1 | tail -6 | tee -a "$sum"
-stamp ab_xshared | tee -a "$sum"
+AB_TIMEOUT=60 mxfp4_ab "" "MOEPLUG_STREAM_X_SHARED=1"
 MOEPLUG_STREAM_X_SHARED=1 SUITE_ARGS="-k mxfp4" SUITE_TIMEOUT=120 suite_summary
 MOEPLUG_STREAM_X_SHARED=1 KIT_TIMEOUT=170 kit_summary
-ROUNDS=1 AB_TIMEOUT=60 OUT=/tmp/ab2 bash bench/ab.sh "" "MOEPLUG_GPU_FAMILY=wgmma" \
-  -- --cases gptoss_mxfp4 --ms 256,512 2>&1 | tail -4 | tee -a "$sum"
-stamp ab_wgmma | tee -a "$sum"
-TOP=60 NCU_KERNEL=moe_stage1 bash bench/ncu_source.sh "gpt-oss-120b:mxfp4:256"
-mv "$OUT/ncu_source.txt" "$OUT/ncu_source_mxfp4_256.txt"
-stamp "ncu_source" | tee -a "$sum"
+mxfp4_wgmma_check
+mxfp4_ncu_stage1

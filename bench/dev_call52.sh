@@ -3,8 +3,6 @@
 # refused starts): the X_SHARED A/B, the MXFP4 GPU tests with it on, then the kit with it on
 # for whatever time is left. Carry target/release/libmoeplug.so, target/release/moeplug, .peers.
 source "$(dirname "$0")/dev_common.sh"
-ROUNDS=2 AB_TIMEOUT=50 OUT=/tmp/ab1 bash bench/ab.sh "" "MOEPLUG_STREAM_X_SHARED=1" \
-  -- --cases gptoss_mxfp4 --ms 1,8,64,256 2>&1 | tail -6 | tee -a "$sum"
-stamp ab_xshared | tee -a "$sum"
+AB_TIMEOUT=50 mxfp4_ab "" "MOEPLUG_STREAM_X_SHARED=1"
 MOEPLUG_STREAM_X_SHARED=1 SUITE_ARGS="-k mxfp4" SUITE_TIMEOUT=90 suite_summary
 MOEPLUG_STREAM_X_SHARED=1 KIT_TIMEOUT=120 kit_summary

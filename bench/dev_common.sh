@@ -70,3 +70,22 @@ ncu_pipes() {  # case, lines
     NCU_GREP="Duration|pipe|stalled|lts__t_bytes|dram__bytes|l1tex__throughput|lts__throughput" \
     NCU_LINES=120 bash bench/ncu_profile.sh "$1" 2>&1 | grep -v " 0$" | head -"${2:-60}" | tee -a "$sum"
 }
+# gpt-oss MXFP4 decode: an A/B of the variants given (env strings, the first the base) at
+# M = 1 / 8 / 64 / 256, ROUNDS rounds (default 2), into the summary.
+mxfp4_ab() {
+  ROUNDS=${ROUNDS:-2} AB_TIMEOUT=${AB_TIMEOUT:-60} OUT=/tmp/ab1 bash bench/ab.sh "$@" \
+    -- --cases gptoss_mxfp4 --ms 1,8,64,256 2>&1 | tail -6 | tee -a "$sum"
+  stamp ab_mxfp4 | tee -a "$sum"
+}
+# gpt-oss MXFP4 at M = 256 / 512, one round: as chosen (stream) against the wgmma family.
+mxfp4_wgmma_check() {
+  ROUNDS=1 AB_TIMEOUT=60 OUT=/tmp/ab2 bash bench/ab.sh "" "MOEPLUG_GPU_FAMILY=wgmma" \
+    -- --cases gptoss_mxfp4 --ms 256,512 2>&1 | tail -4 | tee -a "$sum"
+  stamp ab_wgmma | tee -a "$sum"
+}
+# Where the gpt-oss MXFP4 stream stage 1 stalls at M = 256 (ncu source counters).
+mxfp4_ncu_stage1() {
+  TOP=60 NCU_KERNEL=moe_stage1 bash bench/ncu_source.sh "gpt-oss-120b:mxfp4:256"
+  mv "$OUT/ncu_source.txt" "$OUT/ncu_source_mxfp4_256.txt"
+  stamp "ncu_source" | tee -a "$sum"
+}
