@@ -68,8 +68,9 @@
 // SW_AHEAD (-D, spec::KernelSpec::stream_ahead): weight steps in flight while a warp
 // computes one. Two take a third register set: 16-bit weights in 16-row tiles only (their
 // step is a few MMAs, so the warp waits on its loads, and the set fits the two-block cap).
-#if !defined(SW_AHEAD) || SW_AHEAD < 1 || SW_AHEAD > 2 || (SW_AHEAD == 2 && (SW_VALS != 8 || BM != 16))
-#error "SW_AHEAD: 1, or 2 for 16-bit weights in 16-row tiles (heuristics::stream_ahead_max)"
+#if !defined(SW_AHEAD) || SW_AHEAD < 1 || SW_AHEAD > 2 || \
+    (SW_AHEAD == 2 && (BM != 16 || !(SW_VALS == 8 || (WFMT == WF_MXFP4 && SW_XSHARED))))
+#error "SW_AHEAD: 1, or 2 in 16-row tiles of 16-bit or staged MXFP4 (heuristics::stream_ahead_max)"
 #endif
 // fp8: scales that vary along K fold into the sums per step.
 #define SW_FOLD (SW_FP8 && (WFMT == WF_FP8_BLOCK128 || ACT_Q == AD_FP8_BLOCK128))
@@ -567,40 +568,11 @@ __device__ void moe_gemm_stream(const Params& p) {
         }
     };
 #endif
-#if SW_AHEAD == 2
-    // Two steps in flight while one computes: three register sets in rotation, the loop
-    // unrolled by three so that no set is copied.
-    StepLoads l0, l1, l2;
-    if (kw < nsteps) load(kw, l0);
-    if (kw + KW < nsteps) load(kw + KW, l1);
-    auto step = [&](int st, const StepLoads& now, StepLoads& refill) {
-      if (st + 2 * KW < nsteps) load(st + 2 * KW, refill);
-      mma_step(acc, now.w, now.x);
-    };
-    for (int st = kw; st < nsteps; st += 3 * KW) {
-      step(st, l0, l2);
-      if (st + KW >= nsteps) break;
-      step(st + KW, l1, l0);
-      if (st + 2 * KW >= nsteps) break;
-      step(st + 2 * KW, l2, l1);
-    }
-    (void)scur, (void)snext;
-#else
-    StepLoads cur, nxt;
-    if (kw < nsteps) load(kw, cur);
-#if !SW_FOLD
-    scales(kw, scur);
-#endif
-    for (int st = kw; st < nsteps; st += KW) {
-      if (st + KW < nsteps) load(st + KW, nxt);
-#if SW_FOLD
-      scales(st, scur);  // fp8 block scales: loaded in the step (registers for two sets spill)
-#else
-      scales(st + KW, snext);
-#endif
+    // The MMAs of step st from its loads and scales, into acc.
+    auto compute = [&](int st, const StepLoads& now, const StepScales& sc) {
       int c = st * 4 + tig;
       bool live = c < nchunks;
-      const uint4(&wcur)[2][2] = cur.w;
+      const uint4(&wcur)[2][2] = now.w;
       (void)live;
 
 #if SW_FP8
@@ -613,9 +585,9 @@ __device__ void moe_gemm_stream(const Params& p) {
         for (int j = 0; j < SW_SUBS; ++j)
 #pragma unroll
           for (int q = 0; q < 4; ++q) part[t][j][q] = 0.0f;
-      mma_step(part, wcur, cur.x);
+      mma_step(part, wcur, now.x);
 #else
-      mma_step(acc, wcur, cur.x);
+      mma_step(acc, wcur, now.x);
 #endif
 #if SW_FOLD
       {
@@ -626,7 +598,7 @@ __device__ void moe_gemm_stream(const Params& p) {
           for (int t = 0; t < 2; ++t)
 #pragma unroll
             for (int q = 0; q < 4; ++q)
-              acc[t][j][q] = fmaf(part[t][j][q], scur.ws[t] * scur.as[j][q & 1], acc[t][j][q]);
+              acc[t][j][q] = fmaf(part[t][j][q], sc.ws[t] * sc.as[j][q & 1], acc[t][j][q]);
         }
       }
 #endif
@@ -637,7 +609,7 @@ __device__ void moe_gemm_stream(const Params& p) {
 #pragma unroll
       for (int t = 0; t < 2; ++t)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) twice |= scur.mx[t][h] > 128u;
+        for (int h = 0; h < 2; ++h) twice |= sc.mx[t][h] > 128u;
       twice = __any_sync(0xffffffffu, twice);
       // The step in two copies, chosen by the warp-uniform `twice` (a scale above 2 in the
       // warp): predicated off, the second multiply of every code pair still took an issue slot
@@ -650,9 +622,9 @@ __device__ void moe_gemm_stream(const Params& p) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             if (TWICE)
-              mx_factors(scur.mx[t][h], f1[t][h], f2[t][h]);
+              mx_factors(sc.mx[t][h], f1[t][h], f2[t][h]);
             else
-              f1[t][h] = mx_factor_small(scur.mx[t][h]);
+              f1[t][h] = mx_factor_small(sc.mx[t][h]);
           }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {  // the lane's 8-code word i = k 8i .. 8i + 7 of its pack
@@ -713,8 +685,44 @@ __device__ void moe_gemm_stream(const Params& p) {
         mx_step(mp_bool<false>{});
 #endif
 #else
-      mma_step(acc, cur.w, cur.x);
+      mma_step(acc, now.w, now.x);
 #endif
+    };
+#if SW_AHEAD == 2
+    // Two weight steps in flight while one computes: three load sets in rotation, the loop
+    // unrolled by three so that no set is copied. Scales (MXFP4's four bytes) stay one step
+    // ahead in two sets: a third would cost registers for bytes that come from the L2.
+    StepLoads l0, l1, l2;
+    if (kw < nsteps) load(kw, l0);
+    if (kw + KW < nsteps) load(kw + KW, l1);
+    scales(kw, scur);
+    auto step = [&](int st, const StepLoads& now, StepLoads& refill) {
+      if (st + 2 * KW < nsteps) load(st + 2 * KW, refill);
+      scales(st + KW, snext);
+      compute(st, now, scur);
+      scur = snext;
+    };
+    for (int st = kw; st < nsteps; st += 3 * KW) {
+      step(st, l0, l2);
+      if (st + KW >= nsteps) break;
+      step(st + KW, l1, l0);
+      if (st + 2 * KW >= nsteps) break;
+      step(st + 2 * KW, l2, l1);
+    }
+#else
+    StepLoads cur, nxt;
+    if (kw < nsteps) load(kw, cur);
+#if !SW_FOLD
+    scales(kw, scur);
+#endif
+    for (int st = kw; st < nsteps; st += KW) {
+      if (st + KW < nsteps) load(st + KW, nxt);
+#if SW_FOLD
+      scales(st, scur);  // fp8 block scales: loaded in the step (registers for two sets spill)
+#else
+      scales(st + KW, snext);
+#endif
+      compute(st, cur, scur);
 #if !SW_FOLD
       scur = snext;
 #endif

@@ -235,21 +235,24 @@ static STREAM_PREFETCH_PREFERENCE: Lazy<Option<StreamPrefetch>> = Lazy::new(|| {
 });
 
 /// `MOEPLUG_STREAM_AHEAD=1|2`: the stream family's weight steps in flight per warp (an A/B
-/// switch; 2 applies where [`stream_ahead_max`] allows it).
+/// switch; 2 applies where [`stream_ahead_max`] allows it, staged MXFP4 only when asked).
 static STREAM_AHEAD_PREFERENCE: Lazy<Option<u32>> =
     Lazy::new(|| env_choice("MOEPLUG_STREAM_AHEAD").filter(|n| (1..=2).contains(n)));
-/// The stream family's weight steps in flight per warp where the heuristics choose (capped by
-/// [`stream_ahead_max`]). Two measured 1.8 % less time at gpt-oss bf16 M = 1 and no change
-/// elsewhere (H100, bench/NOTES.md, session 27).
-const STREAM_AHEAD_DEFAULT: u32 = 2;
+/// The stream family's weight steps in flight per warp for 16-bit weights where the heuristics
+/// choose (capped by [`stream_ahead_max`]). Two measured 1.8 % less time at gpt-oss bf16 M = 1
+/// and no change elsewhere (H100, bench/NOTES.md, session 27). MXFP4 keeps one unless asked:
+/// two are unmeasured there.
+const STREAM_AHEAD_DEFAULT_16_BIT: u32 = 2;
 
 /// The most weight steps a stream warp can hold in flight for this configuration: two (a
-/// third register set) for 16-bit weights in 16-row tiles, whose step is a few MMAs, so
-/// that the warp waits on its loads; MXFP4 and fp8 sit at the two-block register cap with
-/// one (`SW_AHEAD`, kernels/moe_gemm_stream.cuh).
+/// third register set) in 16-row tiles of 16-bit weights, whose step is a few MMAs, so that
+/// the warp waits on its loads, or of MXFP4 with its activation rows in shared memory (the
+/// registers they free hold the set: 128 with no spill, SASS); other MXFP4 and fp8 sit at the
+/// two-block register cap with one (`SW_AHEAD`, kernels/moe_gemm_stream.cuh).
 pub fn stream_ahead_max(spec: &KernelSpec) -> u32 {
     let sixteen_bit = matches!(spec.weight_format, WeightFormat::Bf16 | WeightFormat::Fp16);
-    if sixteen_bit && spec.stream_bm == 16 {
+    let staged_mxfp4 = spec.weight_format == WeightFormat::Mxfp4 && spec.stream_x_shared;
+    if spec.stream_bm == 16 && (sixteen_bit || staged_mxfp4) {
         2
     } else {
         1
@@ -264,8 +267,14 @@ fn stream_bm() -> u32 {
 /// The weight steps in flight per warp that this stream configuration runs: the preference or
 /// the default, within [`stream_ahead_max`].
 fn stream_ahead(spec: &KernelSpec) -> u32 {
+    let sixteen_bit = matches!(spec.weight_format, WeightFormat::Bf16 | WeightFormat::Fp16);
+    let default = if sixteen_bit {
+        STREAM_AHEAD_DEFAULT_16_BIT
+    } else {
+        1
+    };
     STREAM_AHEAD_PREFERENCE
-        .unwrap_or(STREAM_AHEAD_DEFAULT)
+        .unwrap_or(default)
         .min(stream_ahead_max(spec))
 }
 
@@ -489,7 +498,9 @@ pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
         return Some("the bulk L2 prefetch needs sm_90");
     }
     if !(1..=stream_ahead_max(spec)).contains(&spec.stream_ahead) {
-        return Some("two weight steps in flight: 16-bit weights in 16-row tiles only");
+        return Some(
+            "two weight steps in flight: 16-row tiles of 16-bit or staged MXFP4 weights only",
+        );
     }
     if spec.pdl.on() && sm < PDL_MIN_SM {
         return Some("programmatic dependent launch needs sm_90");
@@ -781,10 +792,11 @@ pub fn spec_for(
         let prefetch = STREAM_PREFETCH_PREFERENCE.unwrap_or(StreamPrefetch::Off);
         let sm = sm_version(arch);
         spec.stream_prefetch = sm.map_or(prefetch, |sm| prefetch.on(sm));
-        spec.stream_ahead = stream_ahead(&spec);
+        // Staging first: it decides whether MXFP4 can hold two weight steps.
         let want = STREAM_X_SHARED_PREFERENCE.unwrap_or(STREAM_X_SHARED_DEFAULT);
         let k_max = l.hidden_size.max(l.intermediate_size);
         spec.stream_x_shared = stream_x_shared(want, sm, &spec, k_max);
+        spec.stream_ahead = stream_ahead(&spec);
     }
     if matches!(family, Family::Stream | Family::Wgmma)
         && sm_version(arch).is_some_and(|sm| sm >= PDL_MIN_SM)
@@ -1767,17 +1779,19 @@ mod tests {
     }
 
     #[test]
-    fn two_weight_steps_in_flight_are_selectable_for_16_bit_weights_in_16_row_tiles_only() {
+    fn two_weight_steps_in_flight_are_selectable_for_16_bit_or_staged_mxfp4_16_row_tiles_only() {
         use super::super::compile_check::selectable_specs;
         let specs = selectable_specs(90);
         let ahead: Vec<&KernelSpec> = specs.iter().filter(|s| s.stream_ahead == 2).collect();
         assert!(ahead.iter().any(|s| s.weight_format == WeightFormat::Bf16));
         assert!(ahead.iter().any(|s| s.weight_format == WeightFormat::Fp16));
-        assert!(ahead
-            .iter()
-            .all(|s| s.family == Family::Stream && s.stream_bm == 16));
+        assert!(ahead.iter().any(|s| s.weight_format == WeightFormat::Mxfp4));
+        assert!(ahead.iter().all(|s| s.family == Family::Stream
+            && s.stream_bm == 16
+            && (s.weight_format != WeightFormat::Mxfp4 || s.stream_x_shared)));
         assert!(ahead[0].defines().contains(&"SW_AHEAD=2".to_string()));
-        let refused = Some("two weight steps in flight: 16-bit weights in 16-row tiles only");
+        let refused =
+            Some("two weight steps in flight: 16-row tiles of 16-bit or staged MXFP4 weights only");
         let tall = KernelSpec {
             stream_bm: 32,
             ..ahead[0].clone()
@@ -1785,13 +1799,24 @@ mod tests {
         assert_eq!(stream_spec_unsupported(90, &tall), refused);
         let stream_mx = specs
             .iter()
-            .find(|s| s.family == Family::Stream && s.weight_format == WeightFormat::Mxfp4)
+            .find(|s| {
+                s.family == Family::Stream
+                    && s.weight_format == WeightFormat::Mxfp4
+                    && !s.stream_x_shared
+            })
             .expect("an MXFP4 stream configuration");
         let mx = KernelSpec {
             stream_ahead: 2,
             ..stream_mx.clone()
         };
         assert_eq!(stream_spec_unsupported(90, &mx), refused);
+        let staged = KernelSpec {
+            stream_x_shared: true,
+            ..mx.clone()
+        };
+        assert_eq!(stream_spec_unsupported(90, &staged), None);
+        // Not on sm_80, where MXFP4 cannot stage its rows.
+        assert!(stream_spec_unsupported(80, &staged).is_some());
     }
 
     #[test]

@@ -224,7 +224,7 @@ pub struct KernelSpec {
     /// (`SW_PF`, `SW_PF_TILE`). Unused by the others.
     pub stream_prefetch: StreamPrefetch,
     /// Stream family: weight steps in flight while a warp computes one (`SW_AHEAD`, 1 or 2;
-    /// 2 holds a third register set, 16-bit weights in 16-row tiles only:
+    /// 2 holds a third register set, 16-row tiles of 16-bit or staged MXFP4 weights only:
     /// heuristics::stream_ahead_max). Unused by the others.
     pub stream_ahead: u32,
     /// Stream family, MXFP4: the K loop reads the tile's activation rows from dynamic shared
