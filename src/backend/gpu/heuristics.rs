@@ -29,10 +29,9 @@ pub const WGMMA_MIN_PAIRS_PER_EXPERT: usize = 32;
 /// (8 pairs) 306 against 340 (bench/NOTES.md, session 16). On 128-row tiles the crossover
 /// had been 16 pairs (session 11).
 pub const WGMMA_MIN_PAIRS_PER_EXPERT_16BIT: usize = 4;
-/// MXFP4 weights from 32 pairs, on the shared-memory tile with two blocks per SM: gpt-oss at
-/// M = 1024 (32 pairs) took 1898 us there against 2355 on stream; at 16 pairs stream took
-/// 1353 against ~2700 on one block per SM (bench/NOTES.md, sessions 12-13).
-pub const WGMMA_MIN_PAIRS_PER_EXPERT_MXFP4: usize = 32;
+/// MXFP4 weights from 16 pairs: gpt-oss at M = 512 (16 pairs) took 999 us on wgmma against
+/// 1146 on stream, at M = 256 (8 pairs) 977 against 791 (H100, bench/NOTES.md, session 30).
+pub const WGMMA_MIN_PAIRS_PER_EXPERT_MXFP4: usize = 16;
 /// fp8 block-128 weights from 4 pairs, on 64-row tiles: DeepSeek-V3 at M = 128 (4 pairs)
 /// took 2591 us on wgmma against 2879 on stream, Qwen3-30B-A3B at M = 128 (8 pairs) 196
 /// against 224 (bench/NOTES.md, session 16). On 128-row tiles the crossover had been 16
