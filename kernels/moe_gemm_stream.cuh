@@ -69,8 +69,8 @@
 // computes one. Two take a third register set: 16-bit weights in 16-row tiles only (their
 // step is a few MMAs, so the warp waits on its loads, and the set fits the two-block cap).
 #if !defined(SW_AHEAD) || SW_AHEAD < 1 || SW_AHEAD > 2 || \
-    (SW_AHEAD == 2 && (BM != 16 || !(SW_VALS == 8 || (WFMT == WF_MXFP4 && SW_XSHARED))))
-#error "SW_AHEAD: 1, or 2 in 16-row tiles of 16-bit or staged MXFP4 (heuristics::stream_ahead_max)"
+    (SW_AHEAD == 2 && (SW_VALS != 8 || BM != 16))
+#error "SW_AHEAD: 1, or 2 for 16-bit weights in 16-row tiles (heuristics::stream_ahead_max)"
 #endif
 // fp8: scales that vary along K fold into the sums per step.
 #define SW_FOLD (SW_FP8 && (WFMT == WF_FP8_BLOCK128 || ACT_Q == AD_FP8_BLOCK128))
@@ -203,18 +203,25 @@ __device__ void sw_quantize_tile(const Params& p, const int* s_row) {
 }
 #endif
 
-// SW_XSHARED (-D, spec::KernelSpec::stream_x_shared): MXFP4's K loop reads the tile's bf16
-// activation rows from dynamic shared memory, copied there once per block, instead of from
-// the L1 / L2 in each step (four 16-byte loads per lane, step and column tile, consumed in the
-// step they are issued: the registers of a set loaded a step ahead would not fit two blocks
-// per SM). Row t of the tile at t * stride (the launch's size / BM, spec::stream_x_shared_bytes:
-// a multiple of 256 covering every step's packs), zeros past K and in padding rows.
+// SW_XSHARED (-D, spec::KernelSpec::stream_x_shared): MXFP4's activation packs reach the K
+// loop through a per-lane ring in dynamic shared memory, copied by cp.async one step ahead
+// (as the weights are into registers), instead of four 16-byte L1 / L2 loads per lane, step
+// and column tile issued in the step that consumes them: those loads were the step's largest
+// stall (ncu, gpt-oss M = 256: the activation PRMTs held 24 % of the samples). A lane reads only
+// what it copied (no barrier); slot s, column tile j, pack i of thread t at
+// s * SW_XRING_SLOT + j * SW_XRING_J + i * SW_XRING_I + 16 t: a warp's 32 lanes read 512
+// contiguous bytes (no bank conflict). The whole-row copy this replaced measured 3-7 % slower
+// than the loads (bench/NOTES.md, session 30).
 #ifndef SW_XSHARED
 #define SW_XSHARED 0
 #endif
-#if SW_XSHARED && (WFMT != WF_MXFP4 || BM != 16 || ACT_Q)
-#error "SW_XSHARED: MXFP4 weights with 16-bit activations in 16-row tiles"
+#if SW_XSHARED && (WFMT != WF_MXFP4 || BM != 16 || ACT_Q || SW_AHEAD != 1)
+#error "SW_XSHARED: MXFP4 weights with 16-bit activations in 16-row tiles, one step ahead"
 #endif
+#define SW_XRING_I (THREADS * 16)              // bytes from a thread's pack i to i + 1
+#define SW_XRING_J (4 * SW_XRING_I)            // from column tile j to j + 1
+#define SW_XRING_SLOT (SW_SUBS * SW_XRING_J)   // from slot 0 to slot 1 (a power of two)
+#define SW_XRING_BYTES (2 * SW_XRING_SLOT)     // spec::KernelSpec::stream_x_shared_bytes
 #if SW_XSHARED
 // The block's dynamic shared memory in bytes, as launched.
 __device__ __forceinline__ u32 sw_dynamic_shared_bytes() {
@@ -239,12 +246,6 @@ __device__ __forceinline__ uint4 sw_lds16(u32 a) {
                : "r"(a));
   return v;
 #endif
-}
-// The XOR of 16-byte chunk i's offset (bits 4-5) within 64-byte pack c of row t: the 8 lanes
-// of a quarter warp (rows t, t + 1; packs c .. c + 3) then read 8 different 16-byte bank
-// groups (bit 6 = c & 1, bits 4-5 = i ^ this), where the plain layout is 4-way conflicted.
-__device__ __forceinline__ u32 sw_x_swizzle(int t, int c) {
-  return (u32)(((c >> 1) & 1) | ((t & 1) << 1)) << 4;
 }
 #endif
 
@@ -411,42 +412,16 @@ __device__ void moe_gemm_stream(const Params& p) {
 #endif
 
 #if SW_XSHARED
-  // The tile's rows 0 .. 8 nsub - 1 into shared memory by cp.async (every copy in flight at
-  // once, no register held), while the warp's first weight lines come into the L2.
   extern __shared__ __align__(128) u8 sw_xs[];
-  const u32 xstride = sw_dynamic_shared_bytes() / BM;
-  if (xstride < (u32)nsteps * 256u || xstride % 128u) {  // the host sizes it: a library bug
+  if (sw_dynamic_shared_bytes() < SW_XRING_BYTES) {  // the host sizes it: a library bug
 #ifdef MP_HOST
-    emu_fail("SW_XSHARED: the launch's shared memory is short of the rows", xstride);
+    emu_fail("SW_XSHARED: the launch's shared memory is short of the ring", sw_dynamic_shared_bytes());
 #else
     __trap();
 #endif
   }
-  const u32 xs0 = smem_addr(sw_xs);
-  {
-    prefetch_first_step();
-    // Chunk n of row t, thread tid's chunks tid, tid + THREADS, ... of the tile's rows in turn
-    // (a row holds more than THREADS chunks wherever K > 2048; else the inner loop wraps).
-    const int chunks = (int)(xstride >> 4), kchunks = K >> 3, rows = nsub * 8;
-    int t = 0, n = tid;
-    while (n >= chunks) n -= chunks, ++t;
-    for (; t < rows;) {
-      int q = s_row[t];
-      bool real = q >= 0 && n < kchunks;
-      const u8* src = real ? sw_x_row<S1>(p, q) + (i64)n * 16 : (const u8*)p.x;
-      u32 dst = xs0 + t * xstride + (n >> 2) * 64 + (((n & 3) << 4) ^ sw_x_swizzle(t, n >> 2));
-      cp_async16(dst, src, real ? 16 : 0);
-      for (n += THREADS; n >= chunks;) n -= chunks, ++t;
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-  }
-  __syncthreads();
-  // This lane's rows 8 j + gid, and its packs' swizzle (c = 4 st + tig, so c's bit 1 is tig's).
-  const u32 xsw = sw_x_swizzle(gid, tig);
-  u32 xsrow[SW_SUBS];
-#pragma unroll
-  for (int j = 0; j < SW_SUBS; ++j) xsrow[j] = xs0 + (8 * j + gid) * xstride;
+  const u32 xlane = smem_addr(sw_xs) + tid * 16;  // this thread's slot 0, tile 0, pack 0
+  u32 xslot = 0;                                  // the slot of the step being computed
 #endif
 
   float acc[2][SW_SUBS][4];
@@ -505,6 +480,28 @@ __device__ void moe_gemm_stream(const Params& p) {
         if (live && j < nsub && xrow[j]) sw_prefetch_line_l1(xrow[j] + (i64)c * 64);
 #endif
     };
+#if SW_XSHARED
+    // This lane's activation packs of step st into ring slot `slot` (zeros past K and for
+    // padding rows), as one cp.async group; past the last step an empty group, so that the
+    // wait below always leaves exactly the newest in flight.
+    auto stage_x = [&](int st, u32 slot) {
+      int c = st * 4 + tig;
+      bool live = c < nchunks;
+      if (st < nsteps) {
+#pragma unroll
+        for (int j = 0; j < SW_SUBS; ++j) {
+          if (j >= nsub) continue;
+          bool real = live && xrow[j];
+          const u8* src = real ? xrow[j] + (i64)c * 64 : (const u8*)p.x;
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            cp_async16_or_zero(xlane + slot + j * SW_XRING_J + i * SW_XRING_I,
+                               src + (real ? i * 16 : 0), !real);
+        }
+      }
+      cp_async_commit();
+    };
+#endif
     // Scales of a step, one step ahead in registers: MXFP4's e8m0 bytes of the lane's 4 rows;
     // fp8's block-128 weight scale per tile and 1x128 activation scales of the C columns.
     struct StepScales {
@@ -632,7 +629,7 @@ __device__ void moe_gemm_stream(const Params& p) {
 #pragma unroll
           for (int j = 0; j < SW_SUBS; ++j)
 #if SW_XSHARED
-            xv[j] = j < nsub ? sw_lds16(xsrow[j] + c * 64 + ((i << 4) ^ xsw))
+            xv[j] = j < nsub ? sw_lds16(xlane + xslot + j * SW_XRING_J + i * SW_XRING_I)
                              : make_uint4(0u, 0u, 0u, 0u);
 #else
             xv[j] = live && j < nsub && xrow[j]
@@ -712,11 +709,18 @@ __device__ void moe_gemm_stream(const Params& p) {
 #else
     StepLoads cur, nxt;
     if (kw < nsteps) load(kw, cur);
+#if SW_XSHARED
+    stage_x(kw, xslot);
+#endif
 #if !SW_FOLD
     scales(kw, scur);
 #endif
     for (int st = kw; st < nsteps; st += KW) {
       if (st + KW < nsteps) load(st + KW, nxt);
+#if SW_XSHARED
+      stage_x(st + KW, xslot ^ SW_XRING_SLOT);
+      cp_async_wait<1>();  // this step's packs have landed
+#endif
 #if SW_FOLD
       scales(st, scur);  // fp8 block scales: loaded in the step (registers for two sets spill)
 #else
@@ -725,6 +729,9 @@ __device__ void moe_gemm_stream(const Params& p) {
       compute(st, cur, scur);
 #if !SW_FOLD
       scur = snext;
+#endif
+#if SW_XSHARED
+      xslot ^= SW_XRING_SLOT;
 #endif
       cur = nxt;
     }

@@ -81,7 +81,7 @@ if [ "$target" = cuda ]; then
   done
 fi
 
-# The stream kernels' staged activation rows (SW_XSHARED) likewise.
+# The stream kernels' activation ring (SW_XSHARED) likewise.
 if [ "$target" = cuda ]; then
   f=moe_gemm_stream.cuh
   sed -i 's/extern __shared__ __align__(128) u8 sw_xs\[\];/u8* const sw_xs = emu_dyn_shared;/' \

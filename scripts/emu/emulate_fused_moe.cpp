@@ -368,13 +368,6 @@ int main(int argc, char** argv) {
 #else
   const unsigned dyn = 0;
 #endif
-#if FAMILY == FAMILY_STREAM && SW_XSHARED
-  // The stream kernels' staged rows per stage (spec::stream_x_shared_bytes: K's bf16 values
-  // padded to 256 bytes, per tile row).
-  const unsigned dyn1 = BM * ((2 * H + 255) / 256 * 256), dyn2 = BM * ((2 * I + 255) / 256 * 256);
-#else
-  const unsigned dyn1 = dyn, dyn2 = dyn;
-#endif
   // QUANT1_IN_ROUTE: blocks 1 .. M of the route kernel quantize the rows moe_quant1 would.
   launch(moe_route, p, 1 + (QUANT1_IN_ROUTE ? M : 0), 1, SCAN_THREADS);
   check_route(ids, mask, E, total, pair_local, tile_expert, rows);
@@ -417,7 +410,7 @@ int main(int argc, char** argv) {
 #endif
   int gx, gy;
   grid(max_tiles, (I + n1 - 1) / n1, gx, gy);
-  launch(stage1, p, gx, gy, gemm_threads, dyn1);
+  launch(stage1, p, gx, gy, gemm_threads, dyn);
   check_prefetch("stage 1");
   if (ACT_Q == AD_FP8_PER_TENSOR) launch(moe_amax2, p, pairs, 1, THREADS);
 #ifndef FUSED_QUANT2
@@ -426,7 +419,7 @@ int main(int argc, char** argv) {
   if (ACT_Q && !FUSED_QUANT2) launch(moe_quant2, p, pairs, 1, THREADS);  // else stage 1 did
   p.ncb2 = (H + n2 - 1) / n2;
   grid(max_tiles, p.ncb2, gx, gy);
-  launch(stage2, p, gx, gy, gemm_threads, dyn2);
+  launch(stage2, p, gx, gy, gemm_threads, dyn);
   check_prefetch("stage 2");
   launch(moe_reduce, p, M, (H + THREADS - 1) / THREADS, THREADS);
 

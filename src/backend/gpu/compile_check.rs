@@ -159,18 +159,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                         ..spec.clone()
                                     })
                                     .filter(&keep);
-                                // ... and with two weight steps in flight (MXFP4 staged,
-                                // MOEPLUG_STREAM_AHEAD=2).
-                                let staged_ahead = staged
-                                    .as_ref()
-                                    .filter(|s| s.stream_ahead == 1)
-                                    .map(|s| KernelSpec {
-                                        stream_ahead: 2,
-                                        ..s.clone()
-                                    })
-                                    .filter(&keep);
                                 out.extend(staged);
-                                out.extend(staged_ahead);
                                 // MOEPLUG_WGMMA_GROUP (the grouped work order, an opt-in):
                                 // that variant of every other wgmma configuration, in groups
                                 // of 3 tiles, so that the host emulation's 5-7 tiles make a

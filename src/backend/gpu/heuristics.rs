@@ -234,24 +234,21 @@ static STREAM_PREFETCH_PREFERENCE: Lazy<Option<StreamPrefetch>> = Lazy::new(|| {
 });
 
 /// `MOEPLUG_STREAM_AHEAD=1|2`: the stream family's weight steps in flight per warp (an A/B
-/// switch; 2 applies where [`stream_ahead_max`] allows it, staged MXFP4 only when asked).
+/// switch; 2 applies where [`stream_ahead_max`] allows it).
 static STREAM_AHEAD_PREFERENCE: Lazy<Option<u32>> =
     Lazy::new(|| env_choice("MOEPLUG_STREAM_AHEAD").filter(|n| (1..=2).contains(n)));
-/// The stream family's weight steps in flight per warp for 16-bit weights where the heuristics
-/// choose (capped by [`stream_ahead_max`]). Two measured 1.8 % less time at gpt-oss bf16 M = 1
-/// and no change elsewhere (H100, bench/NOTES.md, session 27). MXFP4 keeps one unless asked:
-/// two are unmeasured there.
-const STREAM_AHEAD_DEFAULT_16_BIT: u32 = 2;
+/// The stream family's weight steps in flight per warp where the heuristics choose (capped by
+/// [`stream_ahead_max`]). Two measured 1.8 % less time at gpt-oss bf16 M = 1 and no change
+/// elsewhere (H100, bench/NOTES.md, session 27).
+const STREAM_AHEAD_DEFAULT: u32 = 2;
 
 /// The most weight steps a stream warp can hold in flight for this configuration: two (a
-/// third register set) in 16-row tiles of 16-bit weights, whose step is a few MMAs, so that
-/// the warp waits on its loads, or of MXFP4 with its activation rows in shared memory (the
-/// registers they free hold the set: 128 with no spill, SASS); other MXFP4 and fp8 sit at the
-/// two-block register cap with one (`SW_AHEAD`, kernels/moe_gemm_stream.cuh).
+/// third register set) for 16-bit weights in 16-row tiles, whose step is a few MMAs, so
+/// that the warp waits on its loads; MXFP4 and fp8 sit at the two-block register cap with
+/// one (`SW_AHEAD`, kernels/moe_gemm_stream.cuh).
 pub fn stream_ahead_max(spec: &KernelSpec) -> u32 {
     let sixteen_bit = matches!(spec.weight_format, WeightFormat::Bf16 | WeightFormat::Fp16);
-    let staged_mxfp4 = spec.weight_format == WeightFormat::Mxfp4 && spec.stream_x_shared;
-    if spec.stream_bm == 16 && (sixteen_bit || staged_mxfp4) {
+    if sixteen_bit && spec.stream_bm == 16 {
         2
     } else {
         1
@@ -266,50 +263,43 @@ fn stream_bm() -> u32 {
 /// The weight steps in flight per warp that this stream configuration runs: the preference or
 /// the default, within [`stream_ahead_max`].
 fn stream_ahead(spec: &KernelSpec) -> u32 {
-    let sixteen_bit = matches!(spec.weight_format, WeightFormat::Bf16 | WeightFormat::Fp16);
-    let default = if sixteen_bit {
-        STREAM_AHEAD_DEFAULT_16_BIT
-    } else {
-        1
-    };
     STREAM_AHEAD_PREFERENCE
-        .unwrap_or(default)
+        .unwrap_or(STREAM_AHEAD_DEFAULT)
         .min(stream_ahead_max(spec))
 }
 
-/// `MOEPLUG_STREAM_X_SHARED=0|1`: whether the stream family's MXFP4 K loop reads the tile's
-/// activation rows from shared memory (`SW_XSHARED`, an A/B switch; where
-/// [`stream_x_shared_unsupported`] allows it).
+/// `MOEPLUG_STREAM_X_SHARED=0|1`: whether the stream family's MXFP4 K loop reads its
+/// activation packs from a shared-memory ring filled by cp.async one step ahead (`SW_XSHARED`,
+/// an A/B switch; where [`stream_x_shared_unsupported`] allows it).
 static STREAM_X_SHARED_PREFERENCE: Lazy<Option<bool>> =
     Lazy::new(|| env_choice("MOEPLUG_STREAM_X_SHARED").map(|v| v != 0));
-/// Off until measured against the rows read from the L1 / L2 in each step.
+/// Off until measured against the packs loaded from the L1 / L2 in each step.
 const STREAM_X_SHARED_DEFAULT: bool = false;
-/// The most shared memory the staged rows may take per block: two blocks per SM (the stream
-/// family's occupancy) with their static 18.5 KiB within sm_90's 228 KiB. gpt-oss's
-/// K = 2880 takes 92 KiB.
-pub const STREAM_X_SHARED_MAX: usize = 94 * 1024;
 
-/// Why this stream configuration cannot stage its activation rows in shared memory, or None.
+/// Why this stream configuration cannot take its activation packs through shared memory, or
+/// None. The ring (64 KiB per block, [`KernelSpec::dynamic_shared_bytes`]) fits two blocks
+/// per SM (the stream family's occupancy) on sm_90's 228 KiB only.
 fn stream_x_shared_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static str> {
     if spec.weight_format != WeightFormat::Mxfp4 || spec.act_dtype.is_quantized() {
-        return Some("activation rows in shared memory: MXFP4 weights, 16-bit activations");
+        return Some("activation packs in shared memory: MXFP4 weights, 16-bit activations");
     }
     if spec.stream_bm != 16 || sm < 90 {
-        return Some("activation rows in shared memory: 16-row tiles on sm_90 (two blocks per SM)");
+        return Some(
+            "activation packs in shared memory: 16-row tiles on sm_90 (two blocks per SM)",
+        );
     }
     None
 }
 
-/// Whether this stream launch stages its activation rows (`want`: the preference or the
-/// default): where both stages' modules support it (a separate stage-2 act dtype is checked
-/// too) and the longer K's rows fit [`STREAM_X_SHARED_MAX`].
-fn stream_x_shared(want: bool, sm: Option<u32>, spec: &KernelSpec, k_max: usize) -> bool {
+/// Whether this stream launch takes its activation packs through shared memory (`want`: the
+/// preference or the default): where both stages' modules support it (a separate stage-2 act
+/// dtype is checked too).
+fn stream_x_shared(want: bool, sm: Option<u32>, spec: &KernelSpec) -> bool {
     let on = KernelSpec {
         stream_x_shared: true,
         ..spec.clone()
     };
     want && sm.is_some_and(|sm| stream_spec_unsupported(sm, &on).is_none())
-        && on.stream_x_shared_bytes(k_max) <= STREAM_X_SHARED_MAX
 }
 
 /// Where the stream family with two 16-bit weight steps in flight beats the wgmma family at
@@ -497,9 +487,7 @@ pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
         return Some("the bulk L2 prefetch needs sm_90");
     }
     if !(1..=stream_ahead_max(spec)).contains(&spec.stream_ahead) {
-        return Some(
-            "two weight steps in flight: 16-row tiles of 16-bit or staged MXFP4 weights only",
-        );
+        return Some("two weight steps in flight: 16-bit weights in 16-row tiles only");
     }
     if spec.pdl.on() && sm < PDL_MIN_SM {
         return Some("programmatic dependent launch needs sm_90");
@@ -791,11 +779,9 @@ pub fn spec_for(
         let prefetch = STREAM_PREFETCH_PREFERENCE.unwrap_or(StreamPrefetch::Off);
         let sm = sm_version(arch);
         spec.stream_prefetch = sm.map_or(prefetch, |sm| prefetch.on(sm));
-        // Staging first: it decides whether MXFP4 can hold two weight steps.
-        let want = STREAM_X_SHARED_PREFERENCE.unwrap_or(STREAM_X_SHARED_DEFAULT);
-        let k_max = l.hidden_size.max(l.intermediate_size);
-        spec.stream_x_shared = stream_x_shared(want, sm, &spec, k_max);
         spec.stream_ahead = stream_ahead(&spec);
+        let want = STREAM_X_SHARED_PREFERENCE.unwrap_or(STREAM_X_SHARED_DEFAULT);
+        spec.stream_x_shared = stream_x_shared(want, sm, &spec);
     }
     if matches!(family, Family::Stream | Family::Wgmma)
         && sm_version(arch).is_some_and(|sm| sm >= PDL_MIN_SM)
@@ -1778,19 +1764,17 @@ mod tests {
     }
 
     #[test]
-    fn two_weight_steps_in_flight_are_selectable_for_16_bit_or_staged_mxfp4_16_row_tiles_only() {
+    fn two_weight_steps_in_flight_are_selectable_for_16_bit_weights_in_16_row_tiles_only() {
         use super::super::compile_check::selectable_specs;
         let specs = selectable_specs(90);
         let ahead: Vec<&KernelSpec> = specs.iter().filter(|s| s.stream_ahead == 2).collect();
         assert!(ahead.iter().any(|s| s.weight_format == WeightFormat::Bf16));
         assert!(ahead.iter().any(|s| s.weight_format == WeightFormat::Fp16));
-        assert!(ahead.iter().any(|s| s.weight_format == WeightFormat::Mxfp4));
-        assert!(ahead.iter().all(|s| s.family == Family::Stream
-            && s.stream_bm == 16
-            && (s.weight_format != WeightFormat::Mxfp4 || s.stream_x_shared)));
+        assert!(ahead
+            .iter()
+            .all(|s| s.family == Family::Stream && s.stream_bm == 16));
         assert!(ahead[0].defines().contains(&"SW_AHEAD=2".to_string()));
-        let refused =
-            Some("two weight steps in flight: 16-row tiles of 16-bit or staged MXFP4 weights only");
+        let refused = Some("two weight steps in flight: 16-bit weights in 16-row tiles only");
         let tall = KernelSpec {
             stream_bm: 32,
             ..ahead[0].clone()
@@ -1798,28 +1782,17 @@ mod tests {
         assert_eq!(stream_spec_unsupported(90, &tall), refused);
         let stream_mx = specs
             .iter()
-            .find(|s| {
-                s.family == Family::Stream
-                    && s.weight_format == WeightFormat::Mxfp4
-                    && !s.stream_x_shared
-            })
+            .find(|s| s.family == Family::Stream && s.weight_format == WeightFormat::Mxfp4)
             .expect("an MXFP4 stream configuration");
         let mx = KernelSpec {
             stream_ahead: 2,
             ..stream_mx.clone()
         };
         assert_eq!(stream_spec_unsupported(90, &mx), refused);
-        let staged = KernelSpec {
-            stream_x_shared: true,
-            ..mx.clone()
-        };
-        assert_eq!(stream_spec_unsupported(90, &staged), None);
-        // Not on sm_80, where MXFP4 cannot stage its rows.
-        assert!(stream_spec_unsupported(80, &staged).is_some());
     }
 
     #[test]
-    fn stream_x_shared_is_mxfp4_on_sm_90_where_the_rows_fit() {
+    fn stream_x_shared_is_mxfp4_on_sm_90_in_a_64_kib_ring() {
         use super::super::compile_check::selectable_specs;
         let on90 = selectable_specs(90);
         let staged: Vec<&KernelSpec> = on90.iter().filter(|s| s.stream_x_shared).collect();
@@ -1830,25 +1803,24 @@ mod tests {
                 (Family::Stream, WeightFormat::Mxfp4)
             );
             assert!(s.stream_bm == 16 && !s.act_dtype.is_quantized(), "{s:?}");
+            assert!(s.defines().contains(&"SW_XSHARED=1".to_string()));
         }
         assert!(selectable_specs(80).iter().all(|s| !s.stream_x_shared));
         let off = KernelSpec {
             stream_x_shared: false,
             ..staged[0].clone()
         };
-        // gpt-oss's K = 2880: 16 rows of 23 steps of 256 bytes (92 KiB), within the cap; 3072
-        // takes 96 KiB, past it.
-        assert_eq!(staged[0].stream_x_shared_bytes(2880), 16 * 23 * 256);
-        assert_eq!(off.stream_x_shared_bytes(2880), 0);
-        assert!(stream_x_shared(true, Some(90), &off, 2880));
-        assert!(!stream_x_shared(true, Some(90), &off, 3072));
-        assert!(!stream_x_shared(false, Some(90), &off, 2880));
-        assert!(!stream_x_shared(true, Some(89), &off, 2880));
+        // Two steps x two 8-token column tiles x four 16-byte packs x 256 threads.
+        assert_eq!(staged[0].dynamic_shared_bytes(), 64 * 1024);
+        assert_eq!(off.dynamic_shared_bytes(), 0);
+        assert!(stream_x_shared(true, Some(90), &off));
+        assert!(!stream_x_shared(false, Some(90), &off));
+        assert!(!stream_x_shared(true, Some(89), &off));
         let fp8 = on90
             .iter()
             .find(|s| s.family == Family::Stream && s.act_dtype.is_quantized())
             .expect("an fp8 stream configuration");
-        assert!(!stream_x_shared(true, Some(90), fp8, 1024));
+        assert!(!stream_x_shared(true, Some(90), fp8));
         let staged_fp8 = KernelSpec {
             stream_x_shared: true,
             ..fp8.clone()

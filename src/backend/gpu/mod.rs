@@ -424,12 +424,7 @@ impl GpuBackend {
             quant2: get(c"moe_quant2")?,
             import1: get(c"moe_import1")?,
         };
-        // The stream family's staged rows vary with K: the largest the heuristics allow.
-        let shared = if spec.stream_x_shared {
-            heuristics::STREAM_X_SHARED_MAX
-        } else {
-            spec.dynamic_shared_bytes()
-        };
+        let shared = spec.dynamic_shared_bytes();
         if shared > 48 * 1024 {
             for f in [k.stage1, k.stage2] {
                 self.api.set_max_dynamic_shared(f, shared)?;
@@ -641,9 +636,7 @@ impl GpuBackend {
         let pairs = plan.m * plan.topk;
         let gemm =
             |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, None, pdl, what);
-        let shared = |s: &spec::KernelSpec, k: usize| {
-            (s.dynamic_shared_bytes() + s.stream_x_shared_bytes(k)) as u32
-        };
+        let shared = spec.dynamic_shared_bytes() as u32;
         let threads = spec.gemm_threads();
         // A persistent GEMM walks every (tile, column block) from one block per SM; its kernel
         // also runs from one block per work item (w = blockIdx.x). Decided once per launch.
@@ -653,7 +646,7 @@ impl GpuBackend {
             (true, true) => ((grid.0 * grid.1).min(self.compute_units), 1),
             (true, false) => (grid.0 * grid.1, 1),
         };
-        let stage = |f, grid, shared, map: Option<&tma::TensorMap>, what| {
+        let stage = |f, grid, map: Option<&tma::TensorMap>, what| {
             self.launch(
                 f,
                 persistent(grid),
@@ -693,7 +686,6 @@ impl GpuBackend {
         stage(
             k.stage1,
             (tiles, c.intermediate_size.div_ceil(n1) as u32),
-            shared(&spec, c.hidden_size),
             maps.as_ref().map(|m| &m[0]),
             "moe_stage1",
         )?;
@@ -709,7 +701,6 @@ impl GpuBackend {
                 tiles + plan.combine_zero_blocks as u32,
                 plan.stage2_column_blocks as u32,
             ),
-            shared(&spec2, c.intermediate_size),
             maps.as_ref().map(|m| &m[1]),
             "moe_stage2",
         )?;

@@ -3,6 +3,7 @@
 //! `-D` options of the NVRTC/hipRTC compile (so it is also the kernel-cache key) and the
 //! prelude that gives the kernels every ABI enum value by name.
 
+use super::launch;
 use crate::moe::MoeLaunch;
 use crate::tensor::{ElemType, Tensor};
 use crate::types::{ActDtype, Activation, GateMode, ScaleLayout, WeightFormat, WeightLayout};
@@ -224,12 +225,12 @@ pub struct KernelSpec {
     /// (`SW_PF`, `SW_PF_TILE`). Unused by the others.
     pub stream_prefetch: StreamPrefetch,
     /// Stream family: weight steps in flight while a warp computes one (`SW_AHEAD`, 1 or 2;
-    /// 2 holds a third register set, 16-row tiles of 16-bit or staged MXFP4 weights only:
+    /// 2 holds a third register set, 16-bit weights in 16-row tiles only:
     /// heuristics::stream_ahead_max). Unused by the others.
     pub stream_ahead: u32,
-    /// Stream family, MXFP4: the K loop reads the tile's activation rows from dynamic shared
-    /// memory, copied there once per block (`SW_XSHARED`; [`Self::stream_x_shared_bytes`]).
-    /// Unused by the others.
+    /// Stream family, MXFP4: the K loop reads its activation packs from a per-thread ring in
+    /// dynamic shared memory, copied there by cp.async one step ahead (`SW_XSHARED`;
+    /// [`Self::dynamic_shared_bytes`]). Unused by the others.
     pub stream_x_shared: bool,
     /// Stream and wgmma families, sm_90: programmatic dependent launch ([`Pdl`]).
     pub pdl: Pdl,
@@ -506,7 +507,9 @@ impl KernelSpec {
     }
 
     /// Dynamic shared memory of each GEMM block: the wgmma family's ring, plus 1 KiB to align
-    /// the base; the other families' shared memory is static, under the 48 KiB default.
+    /// the base; with `stream_x_shared`, the stream family's activation ring (two steps of
+    /// four 16-byte packs per thread and 8-token column tile, `SW_XRING_BYTES`); the other
+    /// families' shared memory is static, under the 48 KiB default.
     pub fn dynamic_shared_bytes(&self) -> usize {
         match self.family {
             Family::Wgmma => {
@@ -514,18 +517,10 @@ impl KernelSpec {
                     + self.wgmma_after_ring_bytes()
                     + 1024
             }
+            Family::Stream if self.stream_x_shared => {
+                2 * self.tile_rows() / 8 * 4 * launch::THREADS as usize * 16
+            }
             _ => 0,
-        }
-    }
-
-    /// Stream family with `stream_x_shared`: the dynamic shared memory of a GEMM block whose K
-    /// is `k` (H in stage 1, I in stage 2), the tile's rows of bf16 activations, each padded
-    /// to whole steps of 128 K (256 bytes: the kernel reads every step's packs), else 0.
-    pub fn stream_x_shared_bytes(&self, k: usize) -> usize {
-        if self.family == Family::Stream && self.stream_x_shared {
-            self.tile_rows() * (2 * k).next_multiple_of(256)
-        } else {
-            0
         }
     }
 
