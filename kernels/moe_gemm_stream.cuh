@@ -68,8 +68,7 @@
 // SW_AHEAD (-D, spec::KernelSpec::stream_ahead): weight steps in flight while a warp
 // computes one. Two take a third register set: 16-bit weights in 16-row tiles only (their
 // step is a few MMAs, so the warp waits on its loads, and the set fits the two-block cap).
-#if !defined(SW_AHEAD) || SW_AHEAD < 1 || SW_AHEAD > 2 || \
-    (SW_AHEAD == 2 && (SW_VALS != 8 || BM != 16))
+#if !defined(SW_AHEAD) || SW_AHEAD < 1 || SW_AHEAD > 2 || (SW_AHEAD == 2 && (SW_VALS != 8 || BM != 16))
 #error "SW_AHEAD: 1, or 2 for 16-bit weights in 16-row tiles (heuristics::stream_ahead_max)"
 #endif
 // fp8: scales that vary along K fold into the sums per step.
@@ -221,7 +220,7 @@ __device__ void sw_quantize_tile(const Params& p, const int* s_row) {
 #define SW_XRING_I (THREADS * 16)              // bytes from a thread's pack i to i + 1
 #define SW_XRING_J (4 * SW_XRING_I)            // from column tile j to j + 1
 #define SW_XRING_SLOT (SW_SUBS * SW_XRING_J)   // from slot 0 to slot 1 (a power of two)
-#define SW_XRING_BYTES (2 * SW_XRING_SLOT)     // spec::KernelSpec::stream_x_shared_bytes
+#define SW_XRING_BYTES (2 * SW_XRING_SLOT)     // spec::KernelSpec::dynamic_shared_bytes
 #if SW_XSHARED
 // The block's dynamic shared memory in bytes, as launched.
 __device__ __forceinline__ u32 sw_dynamic_shared_bytes() {
@@ -686,18 +685,14 @@ __device__ void moe_gemm_stream(const Params& p) {
 #endif
     };
 #if SW_AHEAD == 2
-    // Two weight steps in flight while one computes: three load sets in rotation, the loop
-    // unrolled by three so that no set is copied. Scales (MXFP4's four bytes) stay one step
-    // ahead in two sets: a third would cost registers for bytes that come from the L2.
+    // Two steps in flight while one computes (16-bit weights: no scales): three register
+    // sets in rotation, the loop unrolled by three so that no set is copied.
     StepLoads l0, l1, l2;
     if (kw < nsteps) load(kw, l0);
     if (kw + KW < nsteps) load(kw + KW, l1);
-    scales(kw, scur);
     auto step = [&](int st, const StepLoads& now, StepLoads& refill) {
       if (st + 2 * KW < nsteps) load(st + 2 * KW, refill);
-      scales(st + KW, snext);
       compute(st, now, scur);
-      scur = snext;
     };
     for (int st = kw; st < nsteps; st += 3 * KW) {
       step(st, l0, l2);
@@ -706,6 +701,7 @@ __device__ void moe_gemm_stream(const Params& p) {
       if (st + 2 * KW >= nsteps) break;
       step(st + 2 * KW, l2, l1);
     }
+    (void)snext;
 #else
     StepLoads cur, nxt;
     if (kw < nsteps) load(kw, cur);
