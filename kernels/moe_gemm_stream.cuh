@@ -107,7 +107,16 @@ __device__ __forceinline__ void sw_prefetch_line(const u8* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 #endif
 }
-// The line holding p into the L1 (and the L2): data the block reads again within a step.
+// SW_PF_BIAS (-D, spec::KernelSpec::stream_bias_prefetch): each row group's bias lines into
+// the L1 and L2 before its K walk (the epilogue's first bias use waited on HBM).
+#ifndef SW_PF_BIAS
+#define SW_PF_BIAS 0
+#endif
+#if SW_PF_BIAS && !HAS_BIAS
+#error "SW_PF_BIAS: a bias to prefetch"
+#endif
+// The line holding p into the L1 (and the L2): data the block's ordinary loads read later
+// (the emulator's line check covers the weight prefetches only).
 __device__ __forceinline__ void sw_prefetch_line_l1(const u8* p) {
 #ifdef MP_HOST
   (void)p;
@@ -338,6 +347,16 @@ __device__ void moe_gemm_stream(const Params& p) {
       sdelta[t][h] = (int)(mx_scale_row_part(e, row0[t] + gid + 8 * h, Nst, Kst / 32) - srow0);
   auto scale_byte = [&](int t, int h, int c) { return sbase[mx_scale_col_part(c) + sdelta[t][h]]; };
 #endif
+#endif
+#if SW_PF_BIAS
+  // Bias row r of this row group's tile t is at row0[t] + r of the expert's Nst biases (the
+  // weight rows' order: gated_bias, down_bias), so a tile's 16 floats lie in one line.
+  if (kw == 0 && lane == 0) {
+    const float* bias = (const float*)(S1 ? p.w13_bias : p.w2_bias) + (i64)e * Nst;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+      if (tile_ok[t]) sw_prefetch_line_l1((const u8*)(bias + row0[t]));
+  }
 #endif
 #if SW_PF_TILE
   // The row group's first K warp asks for both tiles' packs in 16 KiB pieces, one per lane.

@@ -68,6 +68,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                 stream_prefetch: StreamPrefetch::Off, // the default; others below
                                 stream_ahead: 1,                // MXFP4 and fp8's; two steps below
                                 stream_x_shared: false,         // the default; staged below
+                                stream_bias_prefetch: false,    // the default; below
                                 pdl: Pdl::Off,                  // sm_90's default below
                                 // both tile heights and widths meet every format
                                 wgmma_n: [128, 256][chosen % 2],
@@ -150,7 +151,7 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(ahead);
-                                // The activation rows in shared memory
+                                // The activation ring in shared memory
                                 // (MOEPLUG_STREAM_X_SHARED=1): that variant of every stream
                                 // configuration that takes it.
                                 let staged = (family == Family::Stream)
@@ -160,6 +161,16 @@ pub fn specs_where(keep: impl Fn(&KernelSpec) -> bool) -> Vec<KernelSpec> {
                                     })
                                     .filter(&keep);
                                 out.extend(staged);
+                                // The bias lines asked for before the K walk
+                                // (MOEPLUG_STREAM_PREFETCH_BIAS=1): that variant of every
+                                // fourth stream configuration with a bias.
+                                let bias_lines = (family == Family::Stream && chosen % 4 == 0)
+                                    .then(|| KernelSpec {
+                                        stream_bias_prefetch: true,
+                                        ..spec.clone()
+                                    })
+                                    .filter(&keep);
+                                out.extend(bias_lines);
                                 // MOEPLUG_WGMMA_GROUP (the grouped work order, an opt-in):
                                 // that variant of every other wgmma configuration, in groups
                                 // of 3 tiles, so that the host emulation's 5-7 tiles make a

@@ -276,6 +276,13 @@ static STREAM_X_SHARED_PREFERENCE: Lazy<Option<bool>> =
 /// Off until measured against the packs loaded from the L1 / L2 in each step.
 const STREAM_X_SHARED_DEFAULT: bool = false;
 
+/// `MOEPLUG_STREAM_PREFETCH_BIAS=0|1`: whether each stream row group asks for its bias lines
+/// into the L2 before its K walk (`SW_PF_BIAS`, an A/B switch, off until measured): the
+/// epilogue's first bias use waited on HBM (ncu, gpt-oss MXFP4 M = 256 stage 1: 6.5 % of the
+/// warp samples, bench/NOTES.md, session 30).
+static STREAM_PREFETCH_BIAS_PREFERENCE: Lazy<bool> =
+    Lazy::new(|| env_choice("MOEPLUG_STREAM_PREFETCH_BIAS").is_some_and(|v| v != 0));
+
 /// Why this stream configuration cannot take its activation packs through shared memory, or
 /// None. The ring (64 KiB per block, [`KernelSpec::dynamic_shared_bytes`]) fits two blocks
 /// per SM (the stream family's occupancy) on sm_90's 228 KiB only.
@@ -494,6 +501,9 @@ pub fn stream_spec_unsupported(sm: u32, spec: &KernelSpec) -> Option<&'static st
     }
     if let Some(why) = stream_x_shared_unsupported(sm, spec).filter(|_| spec.stream_x_shared) {
         return Some(why);
+    }
+    if spec.stream_bias_prefetch && !spec.has_bias {
+        return Some("the bias prefetch needs a bias");
     }
     if spec.pdl != spec.pdl.for_family(Family::Stream) {
         return Some("no early weight reads before the wait (Pdl::Early)");
@@ -782,6 +792,7 @@ pub fn spec_for(
         spec.stream_ahead = stream_ahead(&spec);
         let want = STREAM_X_SHARED_PREFERENCE.unwrap_or(STREAM_X_SHARED_DEFAULT);
         spec.stream_x_shared = stream_x_shared(want, sm, &spec);
+        spec.stream_bias_prefetch = *STREAM_PREFETCH_BIAS_PREFERENCE && spec.has_bias;
     }
     if matches!(family, Family::Stream | Family::Wgmma)
         && sm_version(arch).is_some_and(|sm| sm >= PDL_MIN_SM)
@@ -1826,6 +1837,26 @@ mod tests {
             ..fp8.clone()
         };
         assert!(stream_spec_unsupported(90, &staged_fp8).is_some());
+    }
+
+    #[test]
+    fn the_bias_prefetch_is_selectable_for_stream_configurations_with_a_bias_only() {
+        use super::super::compile_check::selectable_specs;
+        for sm in [80, 90] {
+            let specs = selectable_specs(sm);
+            let on: Vec<&KernelSpec> = specs.iter().filter(|s| s.stream_bias_prefetch).collect();
+            assert!(!on.is_empty(), "sm_{sm}");
+            assert!(on.iter().all(|s| s.family == Family::Stream && s.has_bias));
+            assert!(on[0].defines().contains(&"SW_PF_BIAS=1".to_string()));
+            let no_bias = KernelSpec {
+                has_bias: false,
+                ..on[0].clone()
+            };
+            assert_eq!(
+                stream_spec_unsupported(sm, &no_bias),
+                Some("the bias prefetch needs a bias")
+            );
+        }
     }
 
     #[test]

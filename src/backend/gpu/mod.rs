@@ -823,6 +823,7 @@ fn default_spec() -> spec::KernelSpec {
         stream_prefetch: spec::StreamPrefetch::Off,
         stream_ahead: 1,
         stream_x_shared: false,
+        stream_bias_prefetch: false,
         pdl: spec::Pdl::Off,
         wgmma_n: 128,
         wgmma_bm: 128,

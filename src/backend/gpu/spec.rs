@@ -232,6 +232,9 @@ pub struct KernelSpec {
     /// dynamic shared memory, copied there by cp.async one step ahead (`SW_XSHARED`;
     /// [`Self::dynamic_shared_bytes`]). Unused by the others.
     pub stream_x_shared: bool,
+    /// Stream family with a bias: each row group asks for its bias lines into the L2 before
+    /// its K walk, for the epilogue (`SW_PF_BIAS`). Unused by the others.
+    pub stream_bias_prefetch: bool,
     /// Stream and wgmma families, sm_90: programmatic dependent launch ([`Pdl`]).
     pub pdl: Pdl,
     /// Wgmma family: weight rows per warpgroup MMA (`WG_N`, 128 or 256; with `wgmma_rs` the
@@ -312,6 +315,7 @@ impl KernelSpec {
             stream_prefetch: StreamPrefetch::Off,
             stream_ahead: 1,
             stream_x_shared: false,
+            stream_bias_prefetch: false,
             pdl: Pdl::Off,
             wgmma_n: 128,
             wgmma_bm: 128,
@@ -609,6 +613,7 @@ impl KernelSpec {
             d.push(format!("SW_PF_TILE={}", b(tile)));
             d.push(format!("SW_AHEAD={}", self.stream_ahead));
             d.push(format!("SW_XSHARED={}", b(self.stream_x_shared)));
+            d.push(format!("SW_PF_BIAS={}", b(self.stream_bias_prefetch)));
             d.push(format!("FUSED_QUANT2={}", b(self.fused_quant2)));
         }
         if matches!(self.family, Family::Stream | Family::Wgmma) {
