@@ -277,7 +277,7 @@ static STREAM_X_SHARED_PREFERENCE: Lazy<Option<bool>> =
 const STREAM_X_SHARED_DEFAULT: bool = false;
 
 /// `MOEPLUG_STREAM_PREFETCH_BIAS=0|1`: whether each stream row group asks for its bias lines
-/// into the L2 before its K walk (`SW_PF_BIAS`, an A/B switch, off until measured): the
+/// into the L1 and L2 before its K walk (`SW_PF_BIAS`, an A/B switch, off until measured): the
 /// epilogue's first bias use waited on HBM (ncu, gpt-oss MXFP4 M = 256 stage 1: 6.5 % of the
 /// warp samples, bench/NOTES.md, session 30).
 static STREAM_PREFETCH_BIAS_PREFERENCE: Lazy<bool> =

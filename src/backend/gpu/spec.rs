@@ -232,7 +232,7 @@ pub struct KernelSpec {
     /// dynamic shared memory, copied there by cp.async one step ahead (`SW_XSHARED`;
     /// [`Self::dynamic_shared_bytes`]). Unused by the others.
     pub stream_x_shared: bool,
-    /// Stream family with a bias: each row group asks for its bias lines into the L2 before
+    /// Stream family with a bias: each row group asks for its bias lines (L1 and L2) before
     /// its K walk, for the epilogue (`SW_PF_BIAS`). Unused by the others.
     pub stream_bias_prefetch: bool,
     /// Stream and wgmma families, sm_90: programmatic dependent launch ([`Pdl`]).
