@@ -226,11 +226,11 @@ __device__ void sw_quantize_tile(const Params& p, const int* s_row) {
 #if SW_XSHARED && (WFMT != WF_MXFP4 || BM != 16 || ACT_Q || SW_AHEAD != 1)
 #error "SW_XSHARED: MXFP4 weights with 16-bit activations in 16-row tiles, one step ahead"
 #endif
+#if SW_XSHARED
 #define SW_XRING_I (THREADS * 16)              // bytes from a thread's pack i to i + 1
 #define SW_XRING_J (4 * SW_XRING_I)            // from column tile j to j + 1
 #define SW_XRING_SLOT (SW_SUBS * SW_XRING_J)   // from slot 0 to slot 1 (a power of two)
 #define SW_XRING_BYTES (2 * SW_XRING_SLOT)     // spec::KernelSpec::dynamic_shared_bytes
-#if SW_XSHARED
 // The block's dynamic shared memory in bytes, as launched.
 __device__ __forceinline__ u32 sw_dynamic_shared_bytes() {
 #ifdef MP_HOST
@@ -385,20 +385,16 @@ __device__ void moe_gemm_stream(const Params& p) {
 #pragma unroll
   for (int j = 2; j < SW_PF; ++j) prefetch(kw + j * KW);
 #endif
-  // The lines of the warp's first weight step into the L2, while the block prepares its
-  // tile's rows (the K loop's first loads then wait on the L2, not on HBM).
-  auto prefetch_first_step = [&]() {
+#if FUSED_QUANT2
+  if constexpr (!S1) {
+    // The lines of the warp's first weight step into the L2 while the tile's rows are
+    // quantized (the K loop's first loads then wait on the L2, not on HBM).
     int c = kw * 4 + tig;
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         if (kw < nsteps && c < nchunks && tile_ok[t]) sw_prefetch_line(wrow[t][h] + (i64)c * 256);
-  };
-  (void)prefetch_first_step;
-#if FUSED_QUANT2
-  if constexpr (!S1) {
-    prefetch_first_step();  // while the tile's rows are quantized
     sw_quantize_tile(p, s_row);
   }
 #endif
@@ -431,9 +427,10 @@ __device__ void moe_gemm_stream(const Params& p) {
 
 #if SW_XSHARED
   extern __shared__ __align__(128) u8 sw_xs[];
-  if (sw_dynamic_shared_bytes() < SW_XRING_BYTES) {  // the host sizes it: a library bug
+  const u32 xbytes = sw_dynamic_shared_bytes();
+  if (xbytes < SW_XRING_BYTES) {  // the host sizes it: a library bug
 #ifdef MP_HOST
-    emu_fail("SW_XSHARED: the launch's shared memory is short of the ring", sw_dynamic_shared_bytes());
+    emu_fail("SW_XSHARED: the launch's shared memory is short of the ring", xbytes);
 #else
     __trap();
 #endif
