@@ -526,18 +526,17 @@ fn workers_the_os_refuses_under_a_1_gib_limit_still_give_the_result() {
             &[("MALLOC_ARENA_MAX", "2"), ("RUST_MIN_STACK", "16777216")],
         );
     }
+    use std::sync::atomic::{AtomicUsize, Ordering};
     // Counts the refused-worker messages; prints the first (one launch logs hundreds, which
     // would bury a failure's message).
-    static REFUSALS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    static REFUSALS: AtomicUsize = AtomicUsize::new(0);
     unsafe extern "C" fn count_refusals(
         _level: i32,
         msg: *const std::ffi::c_char,
         _: *mut libc::c_void,
     ) {
         let msg = unsafe { CStr::from_ptr(msg) }.to_string_lossy();
-        if msg.starts_with("could not start ")
-            && REFUSALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0
-        {
+        if msg.starts_with("could not start ") && REFUSALS.fetch_add(1, Ordering::Relaxed) == 0 {
             println!("log (first of the refusals): {msg}");
         }
     }
@@ -553,7 +552,7 @@ fn workers_the_os_refuses_under_a_1_gib_limit_still_give_the_result() {
         assert_eq!(st, moeplug_status::MoeplugOk, "{n} threads: {msg}");
         runs.push(l.output.clone());
     }
-    let refusals = REFUSALS.load(std::sync::atomic::Ordering::Relaxed);
+    let refusals = REFUSALS.load(Ordering::Relaxed);
     assert!(
         refusals > 0,
         "the OS started every worker: the fallback was not taken"

@@ -277,11 +277,13 @@ static STREAM_X_SHARED_PREFERENCE: Lazy<Option<bool>> =
 const STREAM_X_SHARED_DEFAULT: bool = false;
 
 /// `MOEPLUG_STREAM_PREFETCH_BIAS=0|1`: whether each stream row group asks for its bias lines
-/// into the L1 and L2 before its K walk (`SW_PF_BIAS`, an A/B switch, off until measured): the
-/// epilogue's first bias use waited on HBM (ncu, gpt-oss MXFP4 M = 256 stage 1: 6.5 % of the
-/// warp samples, bench/NOTES.md, session 30).
-static STREAM_PREFETCH_BIAS_PREFERENCE: Lazy<bool> =
-    Lazy::new(|| env_choice("MOEPLUG_STREAM_PREFETCH_BIAS").is_some_and(|v| v != 0));
+/// into the L1 and L2 before its K walk (`SW_PF_BIAS`, an A/B switch; where there is a bias):
+/// the epilogue's first bias use waited on HBM (ncu, gpt-oss MXFP4 M = 256 stage 1: 6.5 % of
+/// the warp samples, bench/NOTES.md, session 30).
+static STREAM_PREFETCH_BIAS_PREFERENCE: Lazy<Option<bool>> =
+    Lazy::new(|| env_choice("MOEPLUG_STREAM_PREFETCH_BIAS").map(|v| v != 0));
+/// Off until measured.
+const STREAM_PREFETCH_BIAS_DEFAULT: bool = false;
 
 /// Why this stream configuration cannot take its activation packs through shared memory, or
 /// None. The ring (64 KiB per block, [`KernelSpec::dynamic_shared_bytes`]) fits two blocks
@@ -792,7 +794,9 @@ pub fn spec_for(
         spec.stream_ahead = stream_ahead(&spec);
         let want = STREAM_X_SHARED_PREFERENCE.unwrap_or(STREAM_X_SHARED_DEFAULT);
         spec.stream_x_shared = stream_x_shared(want, sm, &spec);
-        spec.stream_bias_prefetch = *STREAM_PREFETCH_BIAS_PREFERENCE && spec.has_bias;
+        spec.stream_bias_prefetch = STREAM_PREFETCH_BIAS_PREFERENCE
+            .unwrap_or(STREAM_PREFETCH_BIAS_DEFAULT)
+            && spec.has_bias;
     }
     if matches!(family, Family::Stream | Family::Wgmma)
         && sm_version(arch).is_some_and(|sm| sm >= PDL_MIN_SM)

@@ -152,6 +152,9 @@ struct Kernels {
     quant2: Handle,
     /// Pre-quantized hidden_states into the stage-1 workspace.
     import1: Handle,
+    /// Dynamic shared memory of this module's GEMM blocks (`KernelSpec::dynamic_shared_bytes`
+    /// of its spec): what stage 1 / stage 2 were set up for at load and are launched with.
+    gemm_shared: u32,
 }
 // Function handles are process-wide driver objects, usable from any thread.
 unsafe impl Send for Kernels {}
@@ -423,11 +426,11 @@ impl GpuBackend {
             quant1: get(c"moe_quant1")?,
             quant2: get(c"moe_quant2")?,
             import1: get(c"moe_import1")?,
+            gemm_shared: spec.dynamic_shared_bytes() as u32,
         };
-        let shared = spec.dynamic_shared_bytes();
-        if shared > 48 * 1024 {
+        if k.gemm_shared > 48 * 1024 {
             for f in [k.stage1, k.stage2] {
-                self.api.set_max_dynamic_shared(f, shared)?;
+                self.api.set_max_dynamic_shared(f, k.gemm_shared as usize)?;
             }
         }
         map.insert(defines, k);
@@ -636,7 +639,6 @@ impl GpuBackend {
         let pairs = plan.m * plan.topk;
         let gemm =
             |f, grid, what| self.launch(f, grid, launch::THREADS, 0, stream, &p, None, pdl, what);
-        let shared = spec.dynamic_shared_bytes() as u32;
         let threads = spec.gemm_threads();
         // A persistent GEMM walks every (tile, column block) from one block per SM; its kernel
         // also runs from one block per work item (w = blockIdx.x). Decided once per launch.
@@ -646,7 +648,9 @@ impl GpuBackend {
             (true, true) => ((grid.0 * grid.1).min(self.compute_units), 1),
             (true, false) => (grid.0 * grid.1, 1),
         };
-        let stage = |f, grid, map: Option<&tma::TensorMap>, what| {
+        // Each stage from its module with that module's shared size (stage 2's module is
+        // another where the stage-2 act dtype differs).
+        let stage = |f, shared, grid, map: Option<&tma::TensorMap>, what| {
             self.launch(
                 f,
                 persistent(grid),
@@ -685,6 +689,7 @@ impl GpuBackend {
         }
         stage(
             k.stage1,
+            k.gemm_shared,
             (tiles, c.intermediate_size.div_ceil(n1) as u32),
             maps.as_ref().map(|m| &m[0]),
             "moe_stage1",
@@ -697,6 +702,7 @@ impl GpuBackend {
         }
         stage(
             k2.stage2,
+            k2.gemm_shared,
             (
                 tiles + plan.combine_zero_blocks as u32,
                 plan.stage2_column_blocks as u32,
